@@ -1,0 +1,89 @@
+"""Building blocks the kata checks share: input strategies, seeded tensors and weights,
+observing projections. Checks import from here instead of writing their own."""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import torch
+from hypothesis import strategies as st
+from torch import nn
+
+from grader.engine import Failure
+
+DTYPES = st.sampled_from([torch.float64, torch.float32])
+SEEDS = st.integers(0, 2**16)
+
+
+def randn(seed: int, *shape: int, dtype=torch.float64, device="cpu", scale: float = 1.0) -> torch.Tensor:
+    """Reproducible normal noise, drawn on the CPU so every device sees the same numbers."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
+
+
+def chunks(total: int, pieces: list[int]) -> list[int]:
+    """Lengths of consecutive chunks: ``pieces`` trimmed or extended to cover ``total``."""
+    out, left = [], total
+    for p in pieces:
+        if left <= 0:
+            break
+        out.append(min(p, left))
+        left -= out[-1]
+    if left > 0:
+        out.append(left)
+    return out
+
+
+def load_linears(module, shapes: dict[str, tuple[int, int]], seed: int, what: str) -> None:
+    """Give the learner's ``nn.Linear`` layers the same seeded weights as the reference's.
+
+    ``shapes`` maps attribute names to (out_features, in_features). A missing layer or a
+    layer of the wrong shape is a clear failure, never a crash in the grader.
+    """
+    for offset, (name, (out_f, in_f)) in enumerate(shapes.items()):
+        layer = getattr(module, name, None)
+        if not isinstance(layer, nn.Linear):
+            raise Failure(f"{what} has no `{name}` of type torch.nn.Linear (got {type(layer).__name__})",
+                          ("layer", name, "missing"))
+        if tuple(layer.weight.shape) != (out_f, in_f):
+            raise Failure(
+                f"{what}.{name} has weight shape {tuple(layer.weight.shape)}, expected {(out_f, in_f)} "
+                f"(out_features, in_features)", ("layer", name, tuple(layer.weight.shape)))
+        weight = randn(seed * 31 + offset, out_f, in_f, dtype=layer.weight.dtype, device=layer.weight.device,
+                       scale=1 / math.sqrt(in_f))
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            if layer.bias is not None:
+                layer.bias.zero_()
+
+
+@contextmanager
+def count_rows(module, names: list[str]):
+    """Count the rows (tokens x batch) that go through each named sub-layer while inside."""
+    counts = {name: 0 for name in names}
+    handles = []
+    for name in names:
+        layer = getattr(module, name, None)
+        if isinstance(layer, nn.Module):
+            def hook(mod, inputs, output, name=name):
+                x = inputs[0]
+                counts[name] += x.numel() // max(x.shape[-1], 1)
+            handles.append(layer.register_forward_hook(hook))
+    try:
+        yield counts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def named(value, names=("K", "V")):
+    """A returned pair as a dict, so messages say "K" rather than "[0]"; anything else as is."""
+    if isinstance(value, (tuple, list)) and len(value) == len(names):
+        return dict(zip(names, value))
+    return value
+
+
+def value_error_names(exc: BaseException, names: tuple[str, ...]) -> bool:
+    """Whether a ValueError message names one of the arguments it is about."""
+    text = str(exc)
+    return any(name in text for name in names)

@@ -1,0 +1,326 @@
+"""The check engine: registers a kata's checks, runs one against a target with Hypothesis,
+turns whatever the learner's code did into a result, and names known mistakes.
+
+A check is a function ``check(ctx)``. It draws inputs with ``ctx.forall`` (Hypothesis,
+seeded, bounded) or pins one with ``ctx.case``; each input goes to a *body*
+``body(ctx, example)`` that calls the learner's API through ``ctx.t`` and raises
+``Failure(message, observed=...)`` when the behaviour is wrong. ``observed`` is what the
+learner's code produced; when a known mistake of the catalogue produces the same on the
+same input, the result names that mistake.
+"""
+from __future__ import annotations
+
+import inspect
+import signal
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+from hypothesis import strategies as st
+
+from grader import report
+from grader.targets import Target
+
+_UNSET = object()
+
+
+class Failure(Exception):
+    """The learner's code behaved wrongly on one input. ``observed`` is what it produced."""
+
+    def __init__(self, message: str, observed=_UNSET):
+        super().__init__(message)
+        self.message = message
+        self.observed = observed
+        self.example: dict | None = None
+        self.body: Callable | None = None
+
+
+class LearnerCrash(Failure):
+    """The learner's code raised; ``trace`` holds only the learner's frames."""
+
+    def __init__(self, message: str, observed, trace: str):
+        super().__init__(message, observed)
+        self.trace = trace
+
+
+class NotImplementedYet(BaseException):
+    """A stub still raises NotImplementedError. BaseException, so Hypothesis stops at once."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+class CheckTimeout(BaseException):
+    pass
+
+
+class GraderBug(BaseException):
+    """The reference itself failed: a bug in the kata, never the learner's fault."""
+
+
+@dataclass
+class Check:
+    kata: str
+    title: str
+    func: Callable
+    uses: str  # the API name the check exercises first: "repeat_kv", "GQAttention.forward"
+
+    @property
+    def id(self) -> str:
+        return self.func.__name__
+
+
+class Checks:
+    """A kata's checks in the order they are shown."""
+
+    def __init__(self, kata: str):
+        self.kata = kata
+        self.all: list[Check] = []
+
+    def add(self, title: str, *, uses: str):
+        def register(func):
+            if any(c.id == func.__name__ for c in self.all):
+                raise ValueError(f"kata {self.kata}: two checks named {func.__name__}")
+            self.all.append(Check(self.kata, title, func, uses))
+            return func
+
+        return register
+
+
+@dataclass
+class Result:
+    check: Check
+    status: str  # "pass" | "fail" | "not-implemented" | "timeout"
+    message: str = ""
+    diagnoses: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+class Api:
+    """The learner's (or the reference's) names; a missing one is a clear failure."""
+
+    def __init__(self, target: Target):
+        self._target = target
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name not in self._target.namespace:
+            raise Failure(report.MISSING_NAME.format(label=self._target.label, name=name), ("missing", name))
+        return self._target.namespace[name]
+
+
+class Ctx:
+    """What a check body sees: the target under test (``t``), the reference (``ref``), the device."""
+
+    def __init__(self, target: Target, reference: Target, device: torch.device, seed: int = 0, examples_scale: float = 1.0):
+        self.target = target
+        self.reference = reference
+        self.t = Api(target)
+        self.ref = Api(reference)
+        self.device = torch.device(device)
+        self.seed = seed
+        self.examples_scale = examples_scale
+
+    def with_target(self, target: Target) -> "Ctx":
+        return Ctx(target, self.reference, self.device, self.seed, self.examples_scale)
+
+    # -- drawing inputs -------------------------------------------------------------------
+    def forall(self, strategy: st.SearchStrategy, body: Callable, max_examples: int = 20) -> None:
+        """Run ``body(ctx, example)`` on inputs drawn by ``strategy``; the first failure shrinks."""
+        ctx = self
+
+        @settings(
+            max_examples=max(1, int(max_examples * self.examples_scale)),
+            deadline=None,
+            database=None,
+            derandomize=False,
+            phases=(Phase.explicit, Phase.generate, Phase.shrink),
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+            verbosity=Verbosity.quiet,
+            print_blob=False,
+        )
+        @seed(self.seed)
+        @given(strategy)
+        def run(example):
+            run_body(ctx, body, example)
+
+        run()
+
+    def case(self, example: dict, body: Callable) -> None:
+        """One pinned input."""
+        run_body(self, body, example)
+
+    # -- comparing --------------------------------------------------------------------------
+    def differential(self, example: dict, run: Callable, what: str = "") -> None:
+        """Run ``run(api, example)`` on the reference and on the target; compare what they return."""
+        try:
+            expected = run(self.ref, example)
+        except BaseException as exc:
+            raise GraderBug(f"the reference failed on {report.describe_input(example)}: {exc!r}") from exc
+        got = run(self.t, example)
+        problem = report.compare(expected, got)
+        if problem:
+            head = f"{what}\n  " if what else ""
+            raise Failure(f"{head}on input {report.describe_input(example)}\n  {problem}", observed=got)
+
+    def fail(self, message: str, example: dict | None = None, observed=_UNSET) -> None:
+        where = f"on input {report.describe_input(example)}\n  " if example is not None else ""
+        raise Failure(f"{where}{message}", observed)
+
+    def call(self, fn: Callable, *args, **kwargs):
+        """Call learner code and fail if it modified any tensor argument in place."""
+        before = [(name, value, _snapshot(value)) for name, value in _named_args(fn, args, kwargs)]
+        result = fn(*args, **kwargs)
+        for name, value, snap in before:
+            if not _same_snapshot(value, snap):
+                call = getattr(fn, "__qualname__", getattr(fn, "__name__", "your function"))
+                raise Failure(report.MUTATED.format(call=call, arg=name), ("mutated", name))
+        return result
+
+    def raises(self, error: type[BaseException], fn: Callable, *args, what: str, example: dict | None = None, **kwargs):
+        """The learner's ``fn(*args)`` must raise ``error`` (bad input); returns the exception."""
+        try:
+            fn(*args, **kwargs)
+        except error as exc:
+            return exc
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            self.fail(f"{what}: expected {error.__name__}, your code raised {type(exc).__name__}: {exc}",
+                      example, ("raised", type(exc).__name__))
+        self.fail(f"{what}: expected {error.__name__}, your code raised nothing", example, ("no error", error.__name__))
+
+
+def run_body(ctx: Ctx, body: Callable, example) -> None:
+    """Run one body on one input, classifying what the target's code did."""
+    try:
+        body(ctx, example)
+    except Failure as failure:
+        failure.example, failure.body = example, body
+        raise
+    except NotImplementedError as exc:
+        name = _innermost_learner_function(exc, ctx.target)
+        if name is None:
+            raise _crash(exc, ctx, example, body) from None
+        raise NotImplementedYet(name) from None
+    except (Exception, SystemExit, GeneratorExit) as exc:
+        raise _crash(exc, ctx, example, body) from exc
+
+
+def _crash(exc: BaseException, ctx: Ctx, example, body) -> Failure:
+    error = f"{type(exc).__name__}: {exc}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if ctx.target.owns(f.filename)]
+    where = f"on input {report.describe_input(example)}\n  " if isinstance(example, dict) else ""
+    if frames:
+        trace = "".join(traceback.format_list(frames)).rstrip()
+        failure: Failure = LearnerCrash(f"{where}{report.CRASHED.format(error=error)}\n{trace}",
+                                        ("raised", type(exc).__name__, str(exc)), trace)
+    else:
+        failure = Failure(f"{where}{report.GRADER_HIT.format(error=error)}", ("grader-hit", type(exc).__name__))
+    failure.example, failure.body = example, body
+    return failure
+
+
+def _innermost_learner_function(exc: BaseException, target: Target) -> str | None:
+    name = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if target.owns(tb.tb_frame.f_code.co_filename):
+            code = tb.tb_frame.f_code
+            name = getattr(code, "co_qualname", code.co_name)
+        tb = tb.tb_next
+    return name
+
+
+def _named_args(fn, args, kwargs):
+    try:
+        bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
+        return list(bound.items())
+    except (TypeError, ValueError):
+        return [(f"#{i + 1}", a) for i, a in enumerate(args)] + list(kwargs.items())
+
+
+def _snapshot(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_snapshot(v) for v in value)
+    return None
+
+
+def _same_snapshot(value, snap) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.shape == snap.shape and torch.equal(value.detach(), snap)
+    if isinstance(value, (tuple, list)):
+        return len(value) == len(snap) and all(_same_snapshot(v, s) for v, s in zip(value, snap))
+    return True
+
+
+@contextmanager
+def time_limit(seconds: float | None):
+    """Raise CheckTimeout in the main thread after ``seconds`` (no limit elsewhere or when None)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise CheckTimeout()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0) -> Result:
+    """Run one check; never raises for anything the learner's code does."""
+    started = time.perf_counter()
+    try:
+        with time_limit(timeout):
+            check.func(ctx)
+    except NotImplementedYet as exc:
+        return Result(check, "not-implemented", report.NOT_IMPLEMENTED.format(name=exc.name),
+                      seconds=time.perf_counter() - started)
+    except CheckTimeout:
+        return Result(check, "timeout", report.TIMED_OUT.format(seconds=timeout), seconds=time.perf_counter() - started)
+    except Failure as failure:
+        diagnoses = diagnose(failure, ctx, mistakes)
+        message = failure.message
+        for mistake in diagnoses:
+            message += "\n  " + report.DIAGNOSIS.format(name=mistake.name, why=mistake.why, hint=mistake.hint)
+        return Result(check, "fail", message, [m.name for m in diagnoses], time.perf_counter() - started)
+    return Result(check, "pass", seconds=time.perf_counter() - started)
+
+
+def diagnose(failure: Failure, ctx: Ctx, mistakes) -> list:
+    """The known mistakes that behave exactly like the learner's code on the failing input."""
+    if failure.observed is _UNSET or failure.body is None:
+        return []
+    found = []
+    for mistake, target in mistakes:
+        try:
+            with time_limit(10.0):
+                run_body(ctx.with_target(target), failure.body, failure.example)
+        except Failure as theirs:
+            if theirs.observed is not _UNSET and report.compare(failure.observed, theirs.observed) is None:
+                found.append(mistake)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # a mistake that misbehaves otherwise tells us nothing here
+            continue
+    return found

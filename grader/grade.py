@@ -1,0 +1,73 @@
+"""Grade a kata without pytest: the engine behind the plugin, the CLI, notebooks and tests."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from grader import checks, manifest, mistakes, report, targets
+from grader.engine import Ctx, Result, run_check
+
+DEFAULT_TIMEOUT = 60.0
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """``auto`` is CUDA when present, else CPU; ``cuda`` without a GPU is a clear error."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device: expected one of auto, cpu, cuda; got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was asked for but torch sees no CUDA device")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def grade(kata_id: str, target: targets.Target | str = "stub", device: str = "cpu", seed: int = 0,
+          timeout: float | None = DEFAULT_TIMEOUT, diagnose: bool = True) -> list[Result]:
+    """Run every check of the kata against ``target`` (a Target, "stub", "solution" or a path)."""
+    kata = manifest.get(kata_id)
+    if isinstance(target, str):
+        target = targets.resolve(kata, target)
+    ctx = Ctx(target, targets.reference(kata), pick_device(device), seed)
+    known = mistakes.load(kata.id) if diagnose else ()
+    return [run_check(check, ctx, known, timeout) for check in checks.for_kata(kata.id).all]
+
+
+def summary(kata: manifest.Kata, results: list[Result]) -> str:
+    """``kata 03: 5/14 checks pass — start with task 1, repeat_kv``."""
+    passed = sum(r.passed for r in results)
+    line = report.SUMMARY.format(kata=kata.id, passed=passed, total=len(results))
+    failing = [r for r in results if not r.passed]
+    if failing:
+        first = failing[0].check.uses
+        task = kata.task_number(first)
+        line += report.NEXT_STEP.format(task=task or "?", name=first)
+    else:
+        later = [k for k in manifest.load().values() if k.id > kata.id]
+        line += report.ALL_PASS.format(next=f"pytest katas/{later[0].id}" if later else "you have done every kata")
+    return line
+
+
+def record(kata: manifest.Kata, results: list[Result], target_label: str, device: str) -> dict:
+    """The saved form of one kata's run, for the board."""
+    return {
+        kata.id: {
+            "target": target_label,
+            "device": device,
+            "passed": sum(r.passed for r in results),
+            "total": len(results),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "checks": {r.check.id: {"status": r.status, "diagnoses": r.diagnoses} for r in results},
+        }
+    }
+
+
+def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> list[Result]:
+    """Grade names defined in a notebook and print a report; never raises for the learner's code."""
+    kata = manifest.get(kata_id)
+    results = grade(kata.id, targets.from_namespace(namespace), device=device)
+    for r in results:
+        mark = {"pass": "✓", "not-implemented": "·"}.get(r.status, "✗")
+        print(f"{mark} {r.check.title}" + ("" if r.passed else f"\n  {r.message}"))
+    print(summary(kata, results))
+    return results

@@ -1,0 +1,187 @@
+"""The pytest plugin: ``pytest katas/03`` grades kata 03's file with the hidden checks.
+
+Hooks appear in lifecycle order; options live in one ``kata`` group, mirrored as ini keys.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader import grade, manifest, mistakes, report, state, targets
+from grader.engine import Ctx, Result, run_check
+
+SETTINGS = pytest.StashKey[dict]()
+RESULTS = pytest.StashKey[dict]()
+OPTIONS = {
+    # name: (default, help)
+    "target": ("stub", "what to grade: stub (your file in katas/NN), solution, or a PATH (file or folder)"),
+    "device": ("auto", "auto (CUDA when present), cpu or cuda"),
+    "seed": ("0", "seed for the inputs the checks draw; the same seed gives the same run"),
+    "timeout": (str(grade.DEFAULT_TIMEOUT), "seconds one check may run before it fails as timed out"),
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kata", "KV-cache katas grading")
+    for name, (default, help_text) in OPTIONS.items():
+        group.addoption(f"--kata-{name}", dest=f"kata_{name}", default=None, help=f"{help_text} (default {default})")
+        parser.addini(f"kata_{name}", help_text, default=default)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    def value(name: str) -> str:
+        given = config.getoption(f"kata_{name}")
+        return str(given if given is not None else config.getini(f"kata_{name}"))
+
+    try:
+        device = grade.pick_device(value("device"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--kata-{exc}") from None
+    try:
+        seed, timeout = int(value("seed")), float(value("timeout"))
+    except ValueError:
+        raise pytest.UsageError(
+            f"--kata-seed must be an integer and --kata-timeout a number of seconds; "
+            f"got {value('seed')!r} and {value('timeout')!r}"
+        ) from None
+    config.stash[SETTINGS] = {"target": value("target"), "device": device, "seed": seed, "timeout": timeout}
+    config.stash[RESULTS] = {}
+    _reject_unknown_katas(config)
+
+
+def _reject_unknown_katas(config: pytest.Config) -> None:
+    katas = manifest.load()
+    for arg in config.args:
+        parts = Path(arg.split("::")[0]).parts
+        if "katas" in parts:
+            index = parts.index("katas")
+            if index + 1 < len(parts) and parts[index + 1] not in katas:
+                raise pytest.UsageError(
+                    f"unknown kata {parts[index + 1]!r} in {arg!r}; valid ids: {', '.join(katas)}"
+                )
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    kata = _kata_of(file_path, parent.config.rootpath)
+    if kata is not None:
+        return KataFile.from_parent(parent, path=file_path, kata=kata)
+    return None
+
+
+def _kata_of(path: Path, root: Path) -> manifest.Kata | None:
+    try:
+        relative = path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return None
+    for kata in manifest.load().values():
+        if relative == kata.stub:
+            return kata
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    spec = config.stash[SETTINGS]["target"]
+    katas = {item.kata.id for item in items if isinstance(item, KataItem)}
+    if len(katas) > 1 and Path(spec).expanduser().is_file():
+        raise pytest.UsageError(
+            f"--kata-target={spec} is one file but {len(katas)} katas were collected; "
+            "grade one kata at a time, or point at a folder holding katas/NN/<file>"
+        )
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    files = {item.parent: None for item in items if isinstance(item, KataItem)}
+    settings = config.stash[SETTINGS]
+    lines = []
+    for kata_file in files:
+        lines.append(
+            f"kata {kata_file.kata.id} ({kata_file.kata.title}) · target {kata_file.target_label()} · "
+            f"device {settings['device']} · torch {torch.__version__} · seed {settings['seed']}"
+        )
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    by_kata: dict[str, list[Result]] = config.stash.get(RESULTS, {})
+    if not by_kata:
+        return
+    terminalreporter.section("kata summary")
+    saved = {}
+    for kata_id, results in sorted(by_kata.items()):
+        kata = manifest.get(kata_id)
+        terminalreporter.write_line(grade.summary(kata, results))
+        for r in results:
+            if r.diagnoses:
+                terminalreporter.write_line(f"  {r.check.title}: looks like {', '.join(r.diagnoses)}")
+        saved.update(grade.record(kata, results, config.stash[SETTINGS]["target"], str(config.stash[SETTINGS]["device"])))
+    if config.stash[SETTINGS]["target"] == "stub":
+        try:
+            state.save_results(saved, config.rootpath)
+        except OSError as exc:
+            terminalreporter.write_line(f"kvkata: could not save results ({exc})")
+
+
+class KataFailed(Exception):
+    def __init__(self, result: Result):
+        super().__init__(result.message)
+        self.result = result
+
+
+class KataFile(pytest.File):
+    """A kata's file: its items are the kata's hidden checks, bound to the target."""
+
+    def __init__(self, *, kata: manifest.Kata, **kwargs):
+        super().__init__(**kwargs)
+        self.kata = kata
+        self._ctx: Ctx | None = None
+        self._load_error: str | None = None
+
+    def collect(self):
+        from grader import checks
+
+        for check in checks.for_kata(self.kata.id).all:
+            yield KataItem.from_parent(self, name=check.id, check=check)
+
+    def target_label(self) -> str:
+        spec = self.config.stash[SETTINGS]["target"]
+        return self.kata.stub if spec == "stub" else ("the reference" if spec == "solution" else spec)
+
+    def context(self) -> Ctx | None:
+        """The target loaded once for all checks; None (with ``load_error`` set) when it won't import."""
+        if self._ctx is None and self._load_error is None:
+            settings = self.config.stash[SETTINGS]
+            try:
+                target = targets.resolve(self.kata, settings["target"], self.config.rootpath)
+            except targets.TargetLoadError as exc:
+                self._load_error = str(exc)
+                return None
+            self._ctx = Ctx(target, targets.reference(self.kata), settings["device"], settings["seed"])
+        return self._ctx
+
+
+class KataItem(pytest.Item):
+    def __init__(self, *, check, **kwargs):
+        super().__init__(**kwargs)
+        self.check = check
+        self.kata = self.parent.kata
+
+    def runtest(self) -> None:
+        ctx = self.parent.context()
+        if ctx is None:
+            result = Result(self.check, "fail", report.LOAD_FAILED.format(reason=self.parent._load_error))
+        else:
+            settings = self.config.stash[SETTINGS]
+            result = run_check(self.check, ctx, mistakes.load(self.kata.id), settings["timeout"])
+        self.config.stash[RESULTS].setdefault(self.kata.id, []).append(result)
+        if not result.passed:
+            raise KataFailed(result)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, KataFailed):
+            return excinfo.value.result.message
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"kata {self.kata.id} · {self.check.title}"

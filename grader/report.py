@@ -1,0 +1,179 @@
+"""Everything the learner reads: message templates, value descriptions, tensor diffs and
+small pictures of masks. Checks and tests import the templates from here."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+NOT_IMPLEMENTED = "not implemented yet: {name}"
+TIMED_OUT = "timed out after {seconds:g} s: look for a loop that never ends or a step that grows without bound"
+CRASHED = "your code raised {error}"
+GRADER_HIT = "while checking your result the grader hit {error}; your function probably returned something unexpected"
+LOAD_FAILED = "{reason}"
+MISSING_NAME = "{label} defines no `{name}`; the kata's API needs it (see the README)"
+MUTATED = "{call} changed its argument `{arg}` in place; a function must not modify its inputs"
+DIAGNOSIS = "this looks like a known mistake: {name}. {why}\n  hint: {hint}"
+SUMMARY = "kata {kata}: {passed}/{total} checks pass"
+NEXT_STEP = " — start with task {task}, {name}"
+ALL_PASS = " — well done; next: {next}"
+
+# Tolerances per dtype: (rtol, atol). A correct implementation in another style (SDPA,
+# repeat_interleave, a different storage) lands well inside these; a real mistake lands far outside.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+}
+SHOW_WHOLE = 16  # tensors with at most this many entries are printed in full
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def describe(value) -> str:
+    """A short description of any value: what the learner returned, in words."""
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}, {str(value.dtype).replace('torch.', '')} on {value.device.type}"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, bool):
+        return f"the bool {value}"
+    if isinstance(value, numbers.Number):
+        return f"{type(value).__name__} {value!r}"
+    return f"a {type(value).__name__}"
+
+
+def describe_input(example: dict) -> str:
+    """``batch=2, heads=4, lengths=[3, 1, 1]`` — the input of a check, seed last."""
+    parts = [f"{k}={_short(v)}" for k, v in example.items() if k != "seed"]
+    if "seed" in example:
+        parts.append(f"seed={example['seed']}")
+    return ", ".join(parts)
+
+
+def _short(value) -> str:
+    if isinstance(value, torch.dtype):
+        return str(value).replace("torch.", "")
+    if isinstance(value, torch.Tensor):
+        return f"tensor{tuple(value.shape)}"
+    return repr(value)
+
+
+def compare(expected, got, where: str = "result") -> str | None:
+    """None when ``got`` matches ``expected`` (tensors within the dtype's tolerance), else why not."""
+    if isinstance(expected, torch.Tensor):
+        return _compare_tensor(expected, got, where)
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"{where}: got {describe(got)}, expected a dict"
+        for key, value in expected.items():
+            if key not in got:
+                return f"{where}: missing {key!r}"
+            problem = compare(value, got[key], f"{key}" if where == "result" else f"{where} · {key}")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(got, (tuple, list)):
+            return f"{where}: your code returned {describe(got)}, expected {describe(expected)}"
+        if len(got) != len(expected):
+            return f"{where}: your code returned {describe(got)}, expected {describe(expected)}"
+        for index, (e, g) in enumerate(zip(expected, got)):
+            problem = compare(e, g, f"{where}[{index}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, bool) or expected is None or isinstance(expected, str):
+        return None if got == expected and type(got) is type(expected) else f"{where}: got {got!r}, expected {expected!r}"
+    if isinstance(expected, numbers.Integral):
+        if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+            return f"{where}: got {describe(got)}, expected the int {expected}"
+        return None if got == expected else f"{where}: got {got}, expected {expected}"
+    if isinstance(expected, numbers.Real):
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            return f"{where}: got {describe(got)}, expected the number {expected}"
+        return None if math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12) else f"{where}: got {got}, expected {expected}"
+    return None if got == expected else f"{where}: got {got!r}, expected {expected!r}"
+
+
+def _compare_tensor(expected: torch.Tensor, got, where: str) -> str | None:
+    if not isinstance(got, torch.Tensor):
+        return f"{where}: your code returned {describe(got)}, expected {describe(expected)}"
+    if tuple(got.shape) != tuple(expected.shape):
+        return f"{where}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    if got.dtype != expected.dtype:
+        return f"{where}: dtype {got.dtype}, expected {expected.dtype} (keep the dtype of the inputs)"
+    if got.device.type != expected.device.type:
+        return f"{where}: on {got.device.type}, expected on {expected.device.type} (keep the device of the inputs)"
+    e, g = expected.detach().cpu(), got.detach().cpu()
+    if e.dtype == torch.bool or not (e.is_floating_point() or e.is_complex()):
+        bad = e != g
+        if not bad.any():
+            return None
+        if e.dtype == torch.bool and e.dim() == 2 and e.shape[0] <= 12 and e.shape[1] <= 40:
+            return f"{where} differs (■ may attend, · hidden):\n{mask_pictures(e, g)}"
+        return f"{where} differs:\n{tensor_diff(e, g, bad)}"
+    rtol, atol = tolerance(e.dtype)
+    bad = ~torch.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    if not bad.any():
+        return None
+    return f"{where} differs (tolerance {atol:g} + {rtol:g}·|expected|):\n{tensor_diff(e, g, bad)}"
+
+
+def tensor_diff(expected: torch.Tensor, got: torch.Tensor, bad: torch.Tensor) -> str:
+    """Small tensors side by side; large ones as max error, first bad index and count."""
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    lines = []
+    if expected.is_floating_point():
+        error = (got.double() - expected.double()).abs()
+        error = torch.where(torch.isnan(error), torch.full_like(error, math.inf), error)
+        worst = tuple(int(i) for i in (error == error.max()).nonzero()[0])
+        lines.append(f"    max |error| {error.max().item():.3g} at {list(worst)}")
+    lines.append(
+        f"    first bad index {list(first)}: expected {expected[first].item():.6g}, got {got[first].item():.6g}"
+        f" ({int(bad.sum())} of {bad.numel()} entries wrong)"
+    )
+    if expected.numel() <= SHOW_WHOLE:
+        lines.append(f"    expected {_fmt(expected)}")
+        lines.append(f"    got      {_fmt(got)}")
+    return "\n".join(lines)
+
+
+def _fmt(t: torch.Tensor) -> str:
+    if t.is_floating_point():
+        return str([round(v, 5) for v in t.flatten().tolist()]) + f" (flattened from {tuple(t.shape)})"
+    return str(t.tolist())
+
+
+def mask_picture(mask: torch.Tensor) -> list[str]:
+    return ["".join("■" if v else "·" for v in row) for row in mask.tolist()]
+
+
+def mask_pictures(expected: torch.Tensor, got: torch.Tensor) -> str:
+    """Two boolean masks drawn side by side: expected | yours."""
+    left, right = mask_picture(expected), mask_picture(got)
+    width = max(len(expected[0]) if expected.numel() else 0, 8)
+    lines = [f"    {'expected'.ljust(width)}   yours"]
+    for a, b in zip(left, right):
+        marker = "  " if a == b else " ←"
+        lines.append(f"    {a.ljust(width)}   {b}{marker}")
+    return "\n".join(lines)
+
+
+def block_table_picture(tables: dict, block_size: int | None = None) -> str:
+    """Block tables drawn one sequence a line: ``seq 1: [3] [7] [2]``."""
+    lines = []
+    for seq, table in tables.items():
+        cells = " ".join(f"[{b}]" for b in table) or "(empty)"
+        lines.append(f"    seq {seq}: {cells}")
+    if block_size is not None:
+        lines.append(f"    (block size {block_size}; slot = block * {block_size} + offset)")
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""The repo proves its own invariants: every solution passes, every stub fails as "not
+implemented", every known mistake is caught and named, and the manifest matches the folders."""
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader import checks, grade, manifest, mistakes, targets
+
+ROOT = manifest.REPO_ROOT
+KATAS = list(manifest.load().values())
+IDS = [k.id for k in KATAS]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def test_manifest_and_folders_agree_both_ways():
+    on_disk = sorted(p.name for p in (ROOT / "katas").iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert on_disk == IDS
+    for kata in KATAS:
+        assert (ROOT / kata.stub).is_file(), kata.stub
+        assert (ROOT / kata.solution).is_file(), kata.solution
+        assert (ROOT / kata.readme).is_file(), kata.readme
+        assert sorted(p.name for p in (ROOT / "katas" / kata.id).iterdir() if p.suffix in (".py", ".md")) == sorted(
+            ["README.md", kata.file]
+        )
+        assert 2 <= len(kata.hints) <= 3 and all("TODO" not in h for h in kata.hints), kata.id
+        assert kata.followups, f"kata {kata.id} has no follow-up questions"
+        assert checks.for_kata(kata.id).all, f"kata {kata.id} has no checks"
+        assert len(mistakes.catalogue(kata.id)) >= 4, f"kata {kata.id} has fewer than 4 known mistakes"
+
+
+def _public_api(path: Path) -> dict[str, str]:
+    """Public top-level names with their signatures (methods too, as Class.method)."""
+    tree = ast.parse(path.read_text())
+    api = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            api[node.name] = ast.unparse(node.args)
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            api[node.name] = ",".join(ast.unparse(b) for b in node.bases)
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and (not item.name.startswith("_") or item.name.startswith("__")):
+                    api[f"{node.name}.{item.name}"] = ast.unparse(item.args)
+    return api
+
+
+@pytest.mark.parametrize("kata", KATAS, ids=IDS)
+def test_stub_and_solution_expose_the_same_api(kata):
+    stub, solution = _public_api(ROOT / kata.stub), _public_api(ROOT / kata.solution)
+    assert stub == solution
+    for task in kata.tasks:
+        assert task in stub, f"task {task} of kata {kata.id} is not in the stub"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kata", KATAS, ids=IDS)
+def test_solution_passes_every_check(kata, device):
+    results = grade.grade(kata.id, "solution", device=device, diagnose=False)
+    failed = [f"{r.check.id}: {r.status}: {r.message}" for r in results if not r.passed]
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("kata", KATAS, ids=IDS)
+def test_untouched_stub_fails_every_check_as_not_implemented(kata):
+    results = grade.grade(kata.id, "stub", diagnose=False)
+    assert results and all(r.status == "not-implemented" for r in results), [
+        (r.check.id, r.status, r.message[:200]) for r in results if r.status != "not-implemented"
+    ]
+    assert all(len(r.message.splitlines()) == 1 for r in results)
+
+
+MISTAKES = [(k.id, m) for k in KATAS for m in mistakes.catalogue(k.id)]
+
+
+@pytest.mark.parametrize("kata_id,mistake", MISTAKES, ids=[f"{k}-{m.name}" for k, m in MISTAKES])
+def test_known_mistake_is_caught_and_named(kata_id, mistake):
+    built = dict((m.name, t) for m, t in mistakes.load(kata_id))
+    results = grade.grade(kata_id, built[mistake.name])
+    failed = [r for r in results if not r.passed]
+    assert failed, f"no check catches {mistake.name!r}"
+    assert all(r.status == "fail" for r in failed), [(r.check.id, r.status) for r in failed]
+    assert any(mistake.name in r.diagnoses for r in failed), [(r.check.id, r.message) for r in failed]
+
+
+@pytest.mark.parametrize("kata", KATAS, ids=IDS)
+def test_mistake_names_are_unique(kata):
+    names = [m.name for m in mistakes.catalogue(kata.id)]
+    assert len(names) == len(set(names))
