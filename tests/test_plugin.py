@@ -1,0 +1,91 @@
+"""The pytest plugin, driven as a learner drives it: ``pytest katas/01`` in a subprocess."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from grader import manifest, report
+
+ROOT = manifest.REPO_ROOT
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def run(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVKATA_STATE", str(tmp_path / "state"))
+    monkeypatch.chdir(ROOT)
+
+    def run(*args):
+        return pytester.runpytest_subprocess(*args)
+
+    return run
+
+
+def _write(tmp_path, name, source):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+def test_untouched_stub_gives_one_short_line_per_check(run, tmp_path):
+    result = run("katas/01")
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert report.NOT_IMPLEMENTED.format(name="append_kv") in out
+    assert "kata 01: 0/7 checks pass — start with task 1, append_kv" in out
+    assert "Traceback" not in out and "NotImplementedError" not in out
+    assert "kata 01 (Appending to the cache) · target katas/01/append.py · device cpu" in out
+    assert (tmp_path / "state" / "results.json").is_file()
+
+
+def test_reference_passes_and_header_names_everything(run):
+    result = run("katas/01", "--kata-target=solution")
+    assert result.ret == 0
+    out = result.stdout.str()
+    assert "target the reference" in out and "torch" in out and "seed 0" in out
+    assert "kata 01: 7/7 checks pass" in out
+
+
+def test_a_wrong_file_fails_with_a_diagnosis(run, tmp_path):
+    source = (ROOT / "solutions/01/append.py").read_text().replace("dim=2)  # (B, H, S + T, D)", "dim=1)  # (B, H, S + T, D)")
+    target = _write(tmp_path, "mine.py", source)
+    result = run("katas/01", f"--kata-target={target}")
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert "this looks like a known mistake: concatenating on the head axis" in out
+    assert "on input" in out and "expected" in out
+
+
+def test_a_hanging_target_fails_alone_after_the_timeout(run, tmp_path):
+    source = (ROOT / "solutions/01/append.py").read_text().replace(
+        "    if cache is None:\n        return k_new, v_new\n", "    while True:\n        pass\n")
+    target = _write(tmp_path, "hangs.py", source)
+    result = run("katas/01", f"--kata-target={target}", "--kata-timeout=1", "-k", "append_kv_grows or attention_rejects")
+    out = result.stdout.str()
+    assert report.TIMED_OUT.format(seconds=1.0) in out
+    result.assert_outcomes(failed=1, passed=1)
+
+
+def test_a_crash_in_learner_code_fails_that_check_only(run, tmp_path):
+    target = _write(tmp_path, "crash.py", (ROOT / "solutions/01/append.py").read_text().replace(
+        "        return self._layers[layer]\n\n    def seq_len", "        return 1 / 0\n\n    def seq_len"))
+    result = run("katas/01", f"--kata-target={target}")
+    out = result.stdout.str()
+    assert "your code raised ZeroDivisionError: division by zero" in out
+    assert "crash.py" in out and "engine.py" not in out
+    result.assert_outcomes(failed=1, passed=6)
+
+
+def test_a_file_that_does_not_import_fails_every_check_with_the_reason(run, tmp_path):
+    target = _write(tmp_path, "broken.py", "def append_kv(:\n")
+    result = run("katas/01", f"--kata-target={target}")
+    assert "has a syntax error at line 1" in result.stdout.str()
+    result.assert_outcomes(failed=7)
+
+
+def test_bad_option_values_and_unknown_katas_are_rejected_with_the_valid_ones(run):
+    result = run("katas/01", "--kata-device=tpu")
+    assert result.ret != 0 and "expected one of auto, cpu, cuda" in result.stderr.str()
+    result = run("katas/99")
+    assert result.ret != 0 and "unknown kata '99'" in result.stderr.str() and "01" in result.stderr.str()
