@@ -103,3 +103,14 @@ def get(kata_id: str) -> Kata:
 
 def levels() -> dict[int, str]:
     return {1: "foundations", 2: "serving memory", 3: "systems", 4: "beyond"}
+
+
+def markdown_table() -> str:
+    """The kata table of the README, generated from the manifest (a test keeps them in sync)."""
+    rows = ["| kata | level | minutes | title | what you build |", "|---|---|---|---|---|"]
+    for kata in load().values():
+        rows.append(
+            f"| [{kata.id}](katas/{kata.id}/README.md) | {kata.level} · {levels()[kata.level]} | {kata.minutes} "
+            f"| {kata.title} | {kata.topic} |"
+        )
+    return "\n".join(rows)
