@@ -234,14 +234,17 @@ def _crash(exc: BaseException, ctx: Ctx, example, body) -> Failure:
 
 
 def _innermost_learner_function(exc: BaseException, target: Target) -> str | None:
-    name = None
+    """The learner function that raised NotImplementedError itself (a stub), else None.
+
+    A NotImplementedError raised inside a library the learner called is a crash, not a stub.
+    """
     tb = exc.__traceback__
-    while tb is not None:
-        if target.owns(tb.tb_frame.f_code.co_filename):
-            code = tb.tb_frame.f_code
-            name = getattr(code, "co_qualname", code.co_name)
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
         tb = tb.tb_next
-    return name
+    code = tb.tb_frame.f_code
+    return getattr(code, "co_qualname", code.co_name) if target.owns(code.co_filename) else None
 
 
 def _named_args(fn, args, kwargs):

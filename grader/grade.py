@@ -22,12 +22,20 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def single_thread() -> None:
+    """Grade on one CPU thread: the checks' tensors are tiny, and waking a thread pool for each
+    small op costs milliseconds on a busy machine."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 def grade(kata_id: str, target: targets.Target | str = "stub", device: str = "cpu", seed: int = 0,
           timeout: float | None = DEFAULT_TIMEOUT, diagnose: bool = True) -> list[Result]:
     """Run every check of the kata against ``target`` (a Target, "stub", "solution" or a path)."""
     kata = manifest.get(kata_id)
     if isinstance(target, str):
         target = targets.resolve(kata, target)
+    single_thread()
     ctx = Ctx(target, targets.reference(kata), pick_device(device), seed)
     known = mistakes.load(kata.id) if diagnose else ()
     return [run_check(check, ctx, known, timeout) for check in checks.for_kata(kata.id).all]

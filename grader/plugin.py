@@ -46,6 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--kata-seed must be an integer and --kata-timeout a number of seconds; "
             f"got {value('seed')!r} and {value('timeout')!r}"
         ) from None
+    grade.single_thread()
     config.stash[SETTINGS] = {"target": value("target"), "device": device, "seed": seed, "timeout": timeout}
     config.stash[RESULTS] = {}
     _reject_unknown_katas(config)

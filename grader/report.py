@@ -85,7 +85,10 @@ def compare(expected, got, where: str = "result") -> str | None:
         if not isinstance(got, (tuple, list)):
             return f"{where}: your code returned {describe(got)}, expected {describe(expected)}"
         if len(got) != len(expected):
-            return f"{where}: your code returned {describe(got)}, expected {describe(expected)}"
+            problem = f"{where}: your code returned {describe(got)}, expected {describe(expected)}"
+            if all(_is_scalar(v) for v in (*expected, *got)) and len(expected) + len(got) <= 60:
+                problem += f"\n    expected {list(expected)}\n    got      {list(got)}"
+            return problem
         for index, (e, g) in enumerate(zip(expected, got)):
             problem = compare(e, g, f"{where}[{index}]")
             if problem:
@@ -102,6 +105,10 @@ def compare(expected, got, where: str = "result") -> str | None:
             return f"{where}: got {describe(got)}, expected the number {expected}"
         return None if math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12) else f"{where}: got {got}, expected {expected}"
     return None if got == expected else f"{where}: got {got!r}, expected {expected!r}"
+
+
+def _is_scalar(value) -> bool:
+    return value is None or isinstance(value, (numbers.Number, str))
 
 
 def _compare_tensor(expected: torch.Tensor, got, where: str) -> str | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import linecache
+import site
 import sys
+import sysconfig
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,10 @@ from grader import manifest
 
 
 NOTEBOOK = "<notebook>"
-_LIBRARY_PREFIXES = (str(manifest.PACKAGE_DIR), sys.prefix, sys.base_prefix)
+_LIBRARY_PREFIXES = tuple(
+    {str(manifest.PACKAGE_DIR), sys.prefix, sys.base_prefix, site.getusersitepackages(),
+     sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+)
 
 
 class TargetLoadError(Exception):

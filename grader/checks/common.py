@@ -3,6 +3,7 @@ observing projections. Checks import from here instead of writing their own."""
 from __future__ import annotations
 
 import math
+import re
 from contextlib import contextmanager
 
 import torch
@@ -86,4 +87,4 @@ def named(value, names=("K", "V")):
 def value_error_names(exc: BaseException, names: tuple[str, ...]) -> bool:
     """Whether a ValueError message names one of the arguments it is about."""
     text = str(exc)
-    return any(name in text for name in names)
+    return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text) for name in names)
