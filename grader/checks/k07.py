@@ -1,0 +1,291 @@
+"""Hidden checks of kata 07 — a sink-preserving sliding window.
+
+The cache and the layer are checked against oracles built here from the raw inputs: the
+kept tokens (from the reference's ``kept_positions``) with keys rotated at slots 0 … n-1.
+That way any correct storage passes — raw keys rotated on read, or rotated keys re-rotated
+when the window shifts — within the dtype's tolerance.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+from hypothesis import strategies as st
+
+from grader import report
+from grader.checks.common import DTYPES, SEEDS, chunks, load_linears, randn
+from grader.engine import Checks
+from grader.nn import apply_rope
+
+CHECKS = Checks("07")
+BASES = st.sampled_from([10000.0, 100.0])  # a small base turns the rotations fast: slot errors show
+
+
+# -- kept_positions -----------------------------------------------------------------------------
+
+@st.composite
+def sizes(draw):
+    n_sink, window = draw(st.integers(0, 4)), draw(st.integers(1, 6))
+    # Around the boundary where the cache fills up, often; far past it, sometimes.
+    seq_len = draw(st.one_of(st.integers(0, n_sink + window + 2), st.integers(0, 40)))
+    return {"seq_len": seq_len, "n_sink": n_sink, "window": window, "seed": 0}
+
+
+# (seq_len, n_sink, window) -> kept, worked out by hand.
+PINNED = [
+    ((10, 2, 4), [0, 1, 6, 7, 8, 9]),  # past capacity: two sinks, the last four
+    ((6, 2, 4), [0, 1, 2, 3, 4, 5]),  # exactly full: nothing evicted yet
+    ((7, 2, 4), [0, 1, 3, 4, 5, 6]),  # one past full: token 2 is the first to go
+    ((3, 4, 2), [0, 1, 2]),  # shorter than the sinks
+    ((0, 2, 3), []),  # nothing seen
+    ((9, 0, 3), [6, 7, 8]),  # no sinks: a plain sliding window
+    ((6, 4, 1), [0, 1, 2, 3, 5]),  # a window of one: only the newest beside the sinks
+    ((12, 1, 5), [0, 7, 8, 9, 10, 11]),
+]
+
+
+def _kept(ctx, api, ex):
+    got = ctx.call(api.kept_positions, ex["seq_len"], ex["n_sink"], ex["window"])
+    return list(got) if isinstance(got, (tuple, range)) else got
+
+
+def _expect_kept(c, ex, expected):
+    got = _kept(c, c.t, ex)
+    call = f"kept_positions({ex['seq_len']}, {ex['n_sink']}, {ex['window']})"
+    if not isinstance(got, list):
+        c.fail(f"{call} returned {report.describe(got)}, expected the list {expected}", ex, got)
+    if report.compare(expected, got) is not None:
+        c.fail(f"{call} returned {got}, expected {expected}", ex, got)
+
+
+@CHECKS.add("kept_positions keeps the sinks and the last `window` tokens", uses="kept_positions")
+def kept_positions_matches(ctx):
+    ctx.forall(sizes(), lambda c, ex: _expect_kept(c, ex, _kept(c, c.ref, ex)), max_examples=25)
+
+
+@CHECKS.add("kept_positions on hand-worked cases (short, exactly full, one past full)", uses="kept_positions")
+def kept_positions_pinned(ctx):
+    for (seq_len, n_sink, window), expected in PINNED:
+        ex = {"seq_len": seq_len, "n_sink": n_sink, "window": window, "seed": 0}
+        ctx.case(ex, lambda c, e, expected=expected: _expect_kept(c, e, expected))
+
+
+@CHECKS.add("kept_positions rejects bad sizes with a ValueError naming the argument", uses="kept_positions")
+def kept_positions_rejects_bad_input(ctx):
+    def body(c, ex):
+        cases = [("seq_len=-1", (-1, 2, 3), "seq_len"), ("n_sink=-1", (5, -1, 3), "n_sink"),
+                 ("window=0", (5, 2, 0), "window"), ("window=-2", (5, 2, -2), "window")]
+        for what, args, name in cases:
+            exc = c.raises(ValueError, c.t.kept_positions, *args, what=f"kept_positions with {what}", example=ex)
+            _named_in(c, exc, name, f"kept_positions with {what}", ex)
+
+    ctx.case({"seed": 0}, body)
+
+
+def _names(exc, *names):
+    """Whether the message names one of ``names`` as a word (so "x" is not found inside "expected")."""
+    return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", str(exc)) for n in names)
+
+
+def _named_in(c, exc, name, what, ex):
+    if not _names(exc, name):
+        c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {name}", ex, ("unnamed", what))
+
+
+# -- SinkKVCache -----------------------------------------------------------------------------------
+
+@st.composite
+def streams(draw):
+    n_sink, window = draw(st.integers(0, 3)), draw(st.integers(1, 4))
+    capacity = n_sink + window
+    # A prefill in chunks that may fill the cache exactly ...
+    prefill = draw(st.one_of(st.just(capacity), st.integers(1, capacity)))
+    pieces = draw(st.lists(st.integers(1, capacity), min_size=1, max_size=3))
+    return {
+        "n_sink": n_sink, "window": window, "rope_base": draw(BASES),
+        "batch": draw(st.integers(1, 2)), "heads": draw(st.integers(1, 2)),
+        "head_dim": draw(st.sampled_from([2, 4, 6])),
+        # ... then one token at a time up to capacity and 0 to 6 evictions past it.
+        "chunks": chunks(prefill, pieces) + [1] * (capacity - prefill + draw(st.integers(0, 6))),
+        "dtype": draw(DTYPES), "seed": draw(SEEDS),
+    }
+
+
+# Two sinks and a window of three: a prefill of 2 + 3 tokens fills the cache exactly, then three
+# one-token steps each evict the oldest window token (2, then 3, then 4).
+PINNED_STREAM = {"n_sink": 2, "window": 3, "rope_base": 100.0, "batch": 1, "heads": 2, "head_dim": 4,
+                 "chunks": [2, 3, 1, 1, 1], "dtype": torch.float64, "seed": 11}
+
+
+def _raw_kv(ex, total, device):
+    shape = (ex["batch"], ex["heads"], total, ex["head_dim"])
+    return (randn(ex["seed"], *shape, dtype=ex["dtype"], device=device),
+            randn(ex["seed"] + 1, *shape, dtype=ex["dtype"], device=device))
+
+
+def _snap(value):
+    """What the learner returned, copied: a later update may rewrite a buffer in place."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_snap(v) for v in value)
+    return value
+
+
+def _slots(kept, T=None):
+    n = len(kept)
+    where = {0: "no tokens", 1: f"token {kept[:1]} at slot 0"}.get(n, f"tokens {kept} at slots 0 … {n - 1}")
+    if T is None:
+        return where
+    return f"{where}; the new query at " + (f"slot {n - 1}" if T == 1 else f"slots {n - T} … {n - 1}")
+
+
+@CHECKS.add("SinkKVCache.update returns the kept tokens, keys rotated at slots 0 … n-1", uses="SinkKVCache")
+def cache_update_matches_oracle(ctx):
+    def body(c, ex):
+        K, V = _raw_kv(ex, sum(ex["chunks"]), c.device)
+        cache = c.t.SinkKVCache(ex["n_sink"], ex["window"], ex["rope_base"])
+        label, seen, kept = "before any update", 0, []
+        got = {label: {"len(cache)": len(cache), "tokens_seen": cache.tokens_seen}}
+        expected = {"len(cache)": 0, "tokens_seen": 0}
+        for step, T in enumerate(ex["chunks"] + [0], start=1):
+            problem = report.compare(expected, got[label], label)
+            if problem:
+                c.fail("a new SinkKVCache, then update(k_new, v_new) with unrotated keys, chunk after chunk; "
+                       f"expected, after {seen} tokens, {_slots(kept)}\n  {problem}", ex, got)
+            if T == 0:
+                break
+            out = _snap(c.call(cache.update, K[:, :, seen:seen + T], V[:, :, seen:seen + T]))
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                c.fail(f"update returned {report.describe(out)}, expected a pair (keys, values)", ex,
+                       ("returned", report.describe(out)))
+            seen += T
+            kept = c.ref.kept_positions(seen, ex["n_sink"], ex["window"])
+            slots = torch.arange(len(kept), device=c.device)
+            label = f"step {step} (+{T} token{'s' if T > 1 else ''}, {seen} seen)"
+            expected = {"keys": apply_rope(K[:, :, kept], slots, ex["rope_base"]), "values": V[:, :, kept],
+                        "len(cache)": len(kept), "tokens_seen": seen}
+            got[label] = {"keys": out[0], "values": out[1], "len(cache)": len(cache), "tokens_seen": cache.tokens_seen}
+
+    ctx.case(PINNED_STREAM, body)
+    ctx.forall(streams(), body, max_examples=20)
+
+
+@CHECKS.add("SinkKVCache.update refuses a multi-token update that would evict", uses="SinkKVCache")
+def cache_refuses_evicting_chunk(ctx):
+    def body(c, ex):
+        capacity = ex["n_sink"] + ex["window"]
+        K, V = _raw_kv(ex, 2 * capacity + 2, c.device)
+        cache = c.t.SinkKVCache(ex["n_sink"], ex["window"], ex["rope_base"])
+        held = ex["held"]
+        if held:
+            c.call(cache.update, K[:, :, :held], V[:, :, :held])
+        T = max(2, capacity - held + 1)  # at least one token too many, and more than one token
+        what = f"update with {T} new tokens when the cache holds {held} of {capacity}"
+        exc = c.raises(ValueError, cache.update, K[:, :, held:held + T], V[:, :, held:held + T], what=what, example=ex)
+        if not _names(exc, "k_new", "v_new"):
+            c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name k_new", ex, ("unnamed", what))
+        state = (len(cache), cache.tokens_seen)
+        if state != (held, held):
+            c.fail(f"after the refused {what}, len(cache) and tokens_seen are {state}, expected {(held, held)}: "
+                   "check before you change anything", ex, ("changed", state))
+
+    for n_sink, window, held in ((2, 3, 0), (2, 3, 3), (0, 4, 2), (3, 1, 3), (1, 2, 3)):
+        ctx.case({"n_sink": n_sink, "window": window, "held": held, "rope_base": 10000.0, "batch": 1, "heads": 2,
+                  "head_dim": 4, "dtype": torch.float64, "seed": 7 + held}, body)
+
+
+@CHECKS.add("SinkKVCache rejects bad input with a ValueError naming the argument", uses="SinkKVCache")
+def cache_rejects_bad_input(ctx):
+    def body(c, ex):
+        for what, args, name in (("n_sink=-1", (-1, 3), "n_sink"), ("window=0", (2, 0), "window")):
+            exc = c.raises(ValueError, c.t.SinkKVCache, *args, what=f"SinkKVCache with {what}", example=ex)
+            _named_in(c, exc, name, f"SinkKVCache with {what}", ex)
+        K, V = _raw_kv(ex, 2, c.device)
+        cache = c.t.SinkKVCache(ex["n_sink"], ex["window"])
+        for what, args, name in (("k_new without a head axis", (K[:, 0], V), "k_new"),
+                                 ("v_new shaped unlike k_new", (K, V[:, :, :1]), "v_new")):
+            exc = c.raises(ValueError, cache.update, *args, what=f"update with {what}", example=ex)
+            _named_in(c, exc, name, f"update with {what}", ex)
+
+    ctx.case({"n_sink": 1, "window": 3, "batch": 1, "heads": 2, "head_dim": 4, "dtype": torch.float32, "seed": 3}, body)
+
+
+# -- SinkAttention ---------------------------------------------------------------------------------
+
+@st.composite
+def attention_runs(draw):
+    ex = draw(streams())
+    heads = ex.pop("heads")
+    ex.update(n_heads=heads, d_model=heads * ex.pop("head_dim"))
+    return ex
+
+
+def _layer(api, ex, device):
+    d = ex["d_model"]
+    layer = api.SinkAttention(d, ex["n_heads"], ex["n_sink"], ex["window"], ex["rope_base"])
+    layer = layer.to(device=device, dtype=ex["dtype"])
+    load_linears(layer, {name: (d, d) for name in ("wq", "wk", "wv", "wo")}, ex["seed"], "SinkAttention")
+    return layer
+
+
+def _oracle(ex, x, weights, kept, seen, T):
+    """From scratch: the kept tokens projected again, keys at their slots, the new queries at theirs."""
+    B, H, D = ex["batch"], ex["n_heads"], ex["d_model"] // ex["n_heads"]
+    wq, wk, wv, wo = (w.double() for w in weights)
+    n, xs = len(kept), x.double()
+
+    def heads(h):  # (B, L, d_model) -> (B, H, L, D)
+        return h.view(B, -1, H, D).transpose(1, 2)
+
+    keys = apply_rope(heads(xs[:, kept] @ wk.T), torch.arange(n), ex["rope_base"])
+    values = heads(xs[:, kept] @ wv.T)
+    slots = torch.arange(n - T, n)
+    q = apply_rope(heads(xs[:, seen - T:seen] @ wq.T), slots, ex["rope_base"])
+    scores = (q @ keys.transpose(-2, -1) / math.sqrt(D)).masked_fill(torch.arange(n)[None, :] > slots[:, None],
+                                                                       float("-inf"))
+    # exp / sum by hand: torch.softmax on tiny tensors wakes a thread pool, slow on a busy machine
+    probs = (scores - scores.amax(-1, keepdim=True)).exp()
+    out = (probs / probs.sum(-1, keepdim=True) @ values).transpose(1, 2).reshape(B, T, H * D)
+    return (out @ wo.T).to(x.dtype)
+
+
+@CHECKS.add("SinkAttention matches attention from scratch over the kept tokens at every step",
+            uses="SinkAttention.forward")
+def attention_matches_oracle(ctx):
+    def body(c, ex):
+        layer = _layer(c.t, ex, c.device)
+        weights = [getattr(layer, n).weight.detach().cpu().clone() for n in ("wq", "wk", "wv", "wo")]
+        x = randn(ex["seed"] + 5, ex["batch"], sum(ex["chunks"]), ex["d_model"], dtype=ex["dtype"], device=c.device)
+        cache = c.t.SinkKVCache(ex["n_sink"], ex["window"], ex["rope_base"])
+        got, seen = {}, 0
+        for step, T in enumerate(ex["chunks"], start=1):
+            out = _snap(c.call(layer, x[:, seen:seen + T], cache))
+            seen += T
+            label = f"step {step} output (+{T} token{'s' if T > 1 else ''}, {seen} seen)"
+            kept = c.ref.kept_positions(seen, ex["n_sink"], ex["window"])
+            got[label] = out
+            problem = report.compare(_oracle(ex, x.cpu(), weights, kept, seen, T).to(c.device), out, label)
+            if problem:
+                c.fail("a new SinkKVCache, then layer(x_chunk, cache) step after step; expected attention over "
+                       f"{_slots(kept, T)}\n  {problem}", ex, got)
+
+    pinned = {**PINNED_STREAM, "n_heads": 2, "d_model": 8}
+    del pinned["heads"], pinned["head_dim"]
+    ctx.case(pinned, body)
+    ctx.forall(attention_runs(), body, max_examples=15)
+
+
+@CHECKS.add("SinkAttention rejects bad input with a ValueError naming the argument", uses="SinkAttention.forward")
+def attention_rejects_bad_input(ctx):
+    def body(c, ex):
+        layer = _layer(c.t, ex, c.device)
+        x = randn(ex["seed"], 1, 2, ex["d_model"], dtype=ex["dtype"], device=c.device)
+        for what, arg in (("x missing the batch axis", x[0]), ("x wider than d_model", torch.cat([x, x], -1))):
+            cache = c.t.SinkKVCache(ex["n_sink"], ex["window"])
+            exc = c.raises(ValueError, layer, arg, cache, what=f"forward with {what}", example=ex)
+            _named_in(c, exc, "x", f"forward with {what}", ex)
+
+    ctx.case({"n_sink": 1, "window": 2, "rope_base": 10000.0, "batch": 1, "n_heads": 2, "d_model": 8,
+              "dtype": torch.float32, "seed": 4}, body)
