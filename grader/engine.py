@@ -209,6 +209,8 @@ def run_body(ctx: Ctx, body: Callable, example) -> None:
         body(ctx, example)
     except Failure as failure:
         failure.example, failure.body = example, body
+        if isinstance(example, dict) and "on input" not in failure.message:
+            failure.message = f"on input {report.describe_input(example)}\n  {failure.message}"
         raise
     except NotImplementedError as exc:
         name = _innermost_learner_function(exc, ctx.target)

@@ -1,0 +1,169 @@
+"""Hidden checks of kata 02 — position and mask offsets."""
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from grader import report
+from grader.checks.common import DTYPES, SEEDS, chunks, load_linears, named, randn, value_error_names
+from grader.engine import Checks, Failure
+from grader.nn import apply_rope
+
+CHECKS = Checks("02")
+
+LENGTHS = st.fixed_dictionaries({"past_len": st.integers(0, 12), "new_len": st.integers(0, 6)})
+
+
+def _offsets(api, ctx, ex, name):
+    fn = getattr(api, name)
+    return {
+        f"{name}({ex['past_len']}, {ex['new_len']}, device={ctx.device.type!r})":
+            ctx.call(fn, ex["past_len"], ex["new_len"], device=ctx.device),
+        f"{name}({ex['past_len']}, {ex['new_len']}) with no device (the CPU)": ctx.call(fn, ex["past_len"], ex["new_len"]),
+    }
+
+
+def _pinned(name, past_len, new_len, expected):
+    """A case worked out by hand: ``expected`` is what ``name(past_len, new_len)`` must return."""
+    def body(c, ex):
+        got = c.call(getattr(c.t, name), past_len, new_len)
+        problem = report.compare(expected, got, f"{name}({past_len}, {new_len})")
+        if problem:
+            c.fail(problem, ex, got)
+
+    return {"past_len": past_len, "new_len": new_len}, body
+
+
+@CHECKS.add("position_ids start at the cache length", uses="position_ids")
+def position_ids_offset(ctx):
+    # A cache holding 10 tokens puts the next token at position 10.
+    for past, new, expected in ((10, 1, [10]), (5, 3, [5, 6, 7]), (0, 4, [0, 1, 2, 3])):
+        ctx.case(*_pinned("position_ids", past, new, torch.tensor(expected)))
+    ctx.forall(LENGTHS, lambda c, ex: c.differential(
+        ex, lambda api, e: _offsets(api, c, e, "position_ids"), "the positions of new_len tokens after past_len cached ones"),
+        max_examples=15)
+
+
+@CHECKS.add("causal_mask rows start at the cache length and cover past + new keys", uses="causal_mask")
+def causal_mask_offset(ctx):
+    # After a 5-token prompt the first decode step sees all 6 keys: one row, nothing hidden.
+    ctx.case(*_pinned("causal_mask", 5, 1, torch.ones(1, 6, dtype=torch.bool)))
+    ctx.case(*_pinned("causal_mask", 2, 3, torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool()))
+    ctx.case(*_pinned("causal_mask", 0, 3, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]).bool()))
+    ctx.forall(LENGTHS, lambda c, ex: c.differential(
+        ex, lambda api, e: _offsets(api, c, e, "causal_mask"), "the mask of new_len new tokens over past_len + new_len keys"),
+        max_examples=15)
+
+
+@CHECKS.add("negative lengths raise a ValueError naming the argument", uses="position_ids")
+def lengths_rejected(ctx):
+    def body(c, ex):
+        for name in ("position_ids", "causal_mask"):
+            fn = getattr(c.t, name)
+            for past, new, arg in ((-1, 3, "past_len"), (4, -2, "new_len")):
+                exc = c.raises(ValueError, fn, past, new, what=f"{name}({past}, {new})", example=ex)
+                if not value_error_names(exc, (arg,)):
+                    c.fail(f"{name}({past}, {new}) raised ValueError({str(exc)!r}); the message should name {arg}",
+                           ex, ("unnamed", name, arg))
+
+    ctx.case({"past_len": -1, "new_len": -2}, body)
+
+
+@st.composite
+def rope_run(draw, min_prefill: int = 1):
+    heads = draw(st.integers(1, 3))
+    prefill = draw(st.integers(min_prefill, 5))
+    middle = draw(st.integers(0, 6))
+    lengths = [prefill] + (chunks(middle, draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))) if middle else [])
+    return {
+        "batch": draw(st.integers(1, 2)),
+        "d_model": heads * draw(st.sampled_from([2, 4, 8])),
+        "n_heads": heads,
+        "rope_base": draw(st.sampled_from([10000.0, 100.0])),
+        "lengths": lengths + [1] * draw(st.integers(0, 3)),
+        "dtype": draw(DTYPES),
+        "seed": draw(SEEDS),
+    }
+
+
+def _layer(api, ex, device):
+    d = ex["d_model"]
+    layer = api.RopeAttention(d, ex["n_heads"], rope_base=ex["rope_base"]).to(device=device, dtype=ex["dtype"])
+    try:
+        load_linears(layer, {name: (d, d) for name in ("wq", "wk", "wv", "wo")}, ex["seed"], "RopeAttention")
+    except Failure as failure:  # say which layer sizes were asked for
+        raise Failure(f"RopeAttention(d_model={d}, n_heads={ex['n_heads']}): {failure.message}",
+                      failure.observed) from None
+    return layer
+
+
+def _tokens(ex, device):
+    return randn(ex["seed"] + 7, ex["batch"], sum(ex["lengths"]), ex["d_model"], dtype=ex["dtype"], device=device)
+
+
+def _run_chunks(layer, ctx, x, lengths):
+    """Feed ``x`` chunk after chunk, passing the returned cache back in; every result, in order."""
+    seen, cache, start = {}, None, 0
+    for n in lengths:
+        out, cache = ctx.call(layer, x[:, start:start + n], cache)
+        what = "prefill" if start == 0 else f"{n} new token(s) after {start} cached"
+        seen[f"output of the {what}"] = out
+        seen[f"cache after the {what}"] = named(cache)
+        start += n
+    return seen, cache
+
+
+def _chunked(api, ctx, ex):
+    layer, x = _layer(api, ex, ctx.device), _tokens(ex, ctx.device)
+    seen, _ = _run_chunks(layer, ctx, x, ex["lengths"])
+    seen["output of one uncached forward over all the tokens"] = ctx.call(layer, x)[0]
+    return seen
+
+
+@CHECKS.add("RopeAttention prefill: causal attention with RoPE from position 0", uses="RopeAttention.forward")
+def rope_prefill(ctx):
+    ctx.forall(rope_run(), lambda c, ex: c.differential(
+        {**ex, "lengths": ex["lengths"][:1]}, lambda api, e: _chunked(api, c, e), "prefill: layer(x) with cache=None"),
+        max_examples=8)
+
+
+@CHECKS.add("RopeAttention over chunks and decode steps equals the uncached forward", uses="RopeAttention.forward")
+def rope_chunked(ctx):
+    # A 5-token prompt and 3 decode steps: the cached run must match the uncached one.
+    ctx.case({"batch": 1, "d_model": 8, "n_heads": 2, "rope_base": 10000.0, "lengths": [5, 1, 1, 1],
+              "dtype": torch.float64, "seed": 5}, lambda c, ex: c.differential(
+        ex, lambda api, e: _chunked(api, c, e), "prefill, then one-token steps that pass the returned cache back in"))
+    ctx.forall(rope_run().filter(lambda e: len(e["lengths"]) > 1), lambda c, ex: c.differential(
+        ex, lambda api, e: _chunked(api, c, e),
+        "a prompt fed in chunks (chunked prefill), then one-token steps, each call passing the returned cache back in"),
+        max_examples=15)
+
+
+@CHECKS.add("the cache stores keys rotated at their true positions", uses="RopeAttention.forward")
+def rope_cache_keys(ctx):
+    def body(c, ex):
+        layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
+        _, cache = _run_chunks(layer, c, x, ex["lengths"])
+        B, S, H = ex["batch"], x.shape[1], ex["n_heads"]
+        with torch.no_grad():
+            k = (x @ layer.wk.weight.T).view(B, S, H, -1).transpose(1, 2)  # (B, H, S, D)
+            v = (x @ layer.wv.weight.T).view(B, S, H, -1).transpose(1, 2)  # (B, H, S, D)
+            expected = {"K": apply_rope(k, torch.arange(S, device=c.device), ex["rope_base"]), "V": v}
+        problem = report.compare(expected, named(cache))
+        if problem:
+            c.fail(f"after the calls {ex['lengths']}, the returned cache should hold every key rotated at its "
+                   f"true position 0 … {S - 1} (apply_rope of x @ wk.weight.T, per head) and the values unrotated\n  "
+                   f"{problem}", ex, named(cache))
+
+    # A prefill of 2 or more tokens tells "keys never rotated" apart from "keys rotated from 0 in each call".
+    ctx.forall(rope_run(min_prefill=2).filter(lambda e: len(e["lengths"]) > 1), body, max_examples=10)
+
+
+@CHECKS.add("RopeAttention rejects bad input with a ValueError", uses="RopeAttention.forward")
+def rope_rejects_bad_input(ctx):
+    def body(c, ex):
+        layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
+        c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
+        c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
+
+    ctx.forall(rope_run(), body, max_examples=2)
