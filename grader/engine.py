@@ -199,8 +199,9 @@ class Ctx:
             raise
         except Exception as exc:
             self.fail(f"{what}: expected {error.__name__}, your code raised {type(exc).__name__}: {exc}",
-                      example, ("raised", type(exc).__name__))
-        self.fail(f"{what}: expected {error.__name__}, your code raised nothing", example, ("no error", error.__name__))
+                      example, ("raised", type(exc).__name__, what))
+        self.fail(f"{what}: expected {error.__name__}, your code raised nothing", example,
+                  ("no error", error.__name__, what))
 
 
 def run_body(ctx: Ctx, body: Callable, example) -> None:

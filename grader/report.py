@@ -74,6 +74,9 @@ def compare(expected, got, where: str = "result") -> str | None:
     if isinstance(expected, dict):
         if not isinstance(got, dict):
             return f"{where}: got {describe(got)}, expected a dict"
+        extra = [key for key in got if key not in expected]
+        if extra:
+            return f"{where}: unexpected {extra[0]!r}"
         for key, value in expected.items():
             if key not in got:
                 return f"{where}: missing {key!r}"
@@ -117,7 +120,8 @@ def _compare_tensor(expected: torch.Tensor, got, where: str) -> str | None:
     if tuple(got.shape) != tuple(expected.shape):
         return f"{where}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
     if got.dtype != expected.dtype:
-        return f"{where}: dtype {got.dtype}, expected {expected.dtype} (keep the dtype of the inputs)"
+        why = "a boolean mask, True = may attend" if expected.dtype == torch.bool else "keep the dtype of the inputs"
+        return f"{where}: dtype {got.dtype}, expected {expected.dtype} ({why})"
     if got.device.type != expected.device.type:
         return f"{where}: on {got.device.type}, expected on {expected.device.type} (keep the device of the inputs)"
     e, g = expected.detach().cpu(), got.detach().cpu()
