@@ -96,7 +96,7 @@ class Checks:
 @dataclass
 class Result:
     check: Check
-    status: str  # "pass" | "fail" | "not-implemented" | "timeout"
+    status: str  # "pass" | "fail" | "not-implemented" | "timeout" | "error" (a grader bug)
     message: str = ""
     diagnoses: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -305,18 +305,28 @@ def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0)
     except CheckTimeout:
         return Result(check, "timeout", report.TIMED_OUT.format(seconds=timeout), seconds=time.perf_counter() - started)
     except Failure as failure:
-        diagnoses = diagnose(failure, ctx, mistakes)
-        message = failure.message
-        for mistake in diagnoses:
-            message += "\n  " + report.DIAGNOSIS.format(name=mistake.name, why=mistake.why, hint=mistake.hint)
-        return Result(check, "fail", message, [m.name for m in diagnoses], time.perf_counter() - started)
+        return _failed(check, failure, ctx, mistakes, started)
+    except (GraderBug, Exception) as exc:  # not the learner's doing: say so plainly, with the trace
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        return Result(check, "error", f"internal grader error (not your fault; please report it):\n{trace}",
+                      seconds=time.perf_counter() - started)
     return Result(check, "pass", seconds=time.perf_counter() - started)
+
+
+def _failed(check: Check, failure: Failure, ctx: Ctx, mistakes, started: float) -> Result:
+    diagnoses = diagnose(failure, ctx, mistakes)
+    message = failure.message
+    for mistake in diagnoses:
+        message += "\n  " + report.DIAGNOSIS.format(name=mistake.name, why=mistake.why, hint=mistake.hint)
+    return Result(check, "fail", message, [m.name for m in diagnoses], time.perf_counter() - started)
 
 
 def diagnose(failure: Failure, ctx: Ctx, mistakes) -> list:
     """The known mistakes that behave exactly like the learner's code on the failing input."""
     if failure.observed is _UNSET or failure.body is None:
         return []
+    if isinstance(failure.observed, tuple) and failure.observed[:1] == ("grader-hit",):
+        return []  # the grader tripped over an odd result: every mistake would "match"
     found = []
     for mistake, target in mistakes:
         try:

@@ -10,6 +10,7 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 
+from grader import report
 from grader.engine import Failure
 
 DTYPES = st.sampled_from([torch.float64, torch.float32])
@@ -88,3 +89,25 @@ def value_error_names(exc: BaseException, names: tuple[str, ...]) -> bool:
     """Whether a ValueError message names one of the arguments it is about."""
     text = str(exc)
     return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text) for name in names)
+
+
+def expect_pair(value, call: str, form: str = "(out, (K, V))"):
+    """A result that must be a pair; anything else is a clear failure, not a grader crash."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return value
+    raise Failure(f"{call} returned {report.describe(value)}; expected {form}", ("returned", report.describe(value)))
+
+
+def run_chunks(layer, ctx, x, lengths):
+    """Feed ``x`` (B, T, d_model) chunk after chunk, passing the returned cache back in.
+
+    Returns every output and cache in order (a dict for ``ctx.differential``) and the last cache.
+    """
+    seen, cache, start = {}, None, 0
+    for n in lengths:
+        out, cache = expect_pair(ctx.call(layer, x[:, start:start + n], cache), "forward(x, cache)")
+        what = "prefill" if start == 0 else f"{n} new token(s) after {start} cached"
+        seen[f"output of the {what}"] = out
+        seen[f"cache after the {what}"] = named(cache)
+        start += n
+    return seen, cache

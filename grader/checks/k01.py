@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.common import DTYPES, SEEDS, chunks, count_rows, load_linears, named, randn, value_error_names
+from grader.checks.common import (DTYPES, SEEDS, chunks, count_rows, expect_pair, load_linears, named, randn,
+                                  value_error_names)
 from grader.engine import Checks
 
 CHECKS = Checks("01")
@@ -125,10 +126,10 @@ def _tokens(ex, device):
 
 def _generate(api, ctx, ex):
     layer, x, P = _layer(api, ex, ctx.device), _tokens(ex, ctx.device), ex["prompt"]
-    out, cache = ctx.call(layer, x[:, :P])
+    out, cache = expect_pair(ctx.call(layer, x[:, :P]), "forward(x)")
     seen = {"prefill output": out, "cache after prefill": named(cache)}
     for step in range(ex["decode_steps"]):
-        out, cache = ctx.call(layer, x[:, P + step:P + step + 1], cache)
+        out, cache = expect_pair(ctx.call(layer, x[:, P + step:P + step + 1], cache), "forward(x, cache)")
         seen[f"decode step {step + 1} output"] = out
         seen[f"cache after decode step {step + 1}"] = named(cache)
     return seen

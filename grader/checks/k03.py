@@ -5,7 +5,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
-from grader.checks.common import DTYPES, SEEDS, chunks, count_rows, load_linears, named, randn, value_error_names
+from grader.checks.common import DTYPES, SEEDS, chunks, count_rows, load_linears, named, randn, run_chunks, value_error_names
 from grader.engine import Checks, Failure
 
 CHECKS = Checks("03")
@@ -106,20 +106,9 @@ def _tokens(ex, device):
     return randn(ex["seed"] + 7, ex["batch"], sum(ex["lengths"]), ex["d_model"], dtype=ex["dtype"], device=device)
 
 
-def _run_chunks(layer, ctx, x, lengths):
-    seen, cache, start = {}, None, 0
-    for n in lengths:
-        out, cache = ctx.call(layer, x[:, start:start + n], cache)
-        what = "prefill" if start == 0 else f"{n} new token(s) after {start} cached"
-        seen[f"output of the {what}"] = out
-        seen[f"cache after the {what}"] = named(cache)
-        start += n
-    return seen, cache
-
-
 def _chunked(api, ctx, ex):
     layer, x = _layer(api, ex, ctx.device), _tokens(ex, ctx.device)
-    seen, _ = _run_chunks(layer, ctx, x, ex["lengths"])
+    seen, _ = run_chunks(layer, ctx, x, ex["lengths"])
     seen["output of one uncached forward over all the tokens"] = ctx.call(layer, x)[0]
     return seen
 
@@ -176,7 +165,7 @@ def gqa_chunked(ctx):
 def gqa_cache_heads(ctx):
     def body(c, ex):
         layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
-        _, cache = _run_chunks(layer, c, x, ex["lengths"])
+        _, cache = run_chunks(layer, c, x, ex["lengths"])
         want = (ex["batch"], ex["n_kv_heads"], x.shape[1], ex["head_dim"] or ex["d_model"] // ex["n_q_heads"])
         pair = named(cache)
         if not isinstance(pair, dict):

@@ -1,0 +1,448 @@
+"""Hidden checks of kata 08 — a batched generate loop.
+
+The learner's ``generate`` drives a tiny float64 Llama (``grader.nn``) built here from a seed.
+Its tokens are checked against each prompt decoded alone by plain uncached forwards, and a
+recording subclass of the model notes every call the loop makes (input ids, position ids, the
+cache and what its ``update`` returned), so the checks can see how the answer was reached: one
+prefill, one-token steps, positions that skip padding, a cache written in place, an early exit.
+Two stand-in models with fixed logits test EOS bookkeeping and the sampling distribution.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from hypothesis import strategies as st
+from torch import nn
+
+from grader.checks.common import SEEDS, randn
+from grader.engine import Checks, Failure
+from grader.nn import Llama, LlamaConfig
+
+CHECKS = Checks("08")
+
+TINY = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+TIE = 1e-9  # top two logits closer than this: either token is a correct greedy choice
+CHI2_DF7_P1E6 = 40.52  # chi-square with 7 degrees of freedom exceeds this with probability 1e-6
+CUDA = torch.cuda.is_available()
+
+
+# -- the models the loop drives ---------------------------------------------------------------
+class _SpyCache:
+    """Stands between the model and the learner's cache; notes what each ``update`` returned."""
+
+    def __init__(self, cache, log: list):
+        self._cache, self._log = cache, log
+
+    def update(self, layer, k, v):
+        K, V = self._cache.update(layer, k, v)
+        self._log.append({"layer": layer, "k": K.untyped_storage().data_ptr(), "v": V.untyped_storage().data_ptr(),
+                          "shape": tuple(K.shape), "device": K.device.type})
+        return K, V
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+
+class _Recording(Llama):
+    """The tiny Llama, noting every call the learner's loop makes."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.calls: list[dict] = []
+
+    def forward(self, input_ids, position_ids=None, cache=None, attention_mask=None, **kwargs):
+        call = {"ids": input_ids.detach().cpu(), "cache": cache, "updates": [],
+                "positions": None if position_ids is None else position_ids.detach().cpu()}
+        self.calls.append(call)
+        spy = None if cache is None else _SpyCache(cache, call["updates"])
+        return super().forward(input_ids, position_ids, spy, attention_mask, **kwargs)
+
+
+def _tiny_model(seed: int, device) -> _Recording:
+    """A seeded float64 Llama: vocab 48, width 32, 2 layers, 4 query heads sharing 2 KV heads."""
+    with torch.random.fork_rng(devices=[]):  # the default init is overwritten; keep the global RNG untouched
+        model = _Recording(LlamaConfig(**TINY)).to(device=device, dtype=torch.float64)
+    with torch.no_grad():
+        for i, (name, p) in enumerate(sorted(model.named_parameters())):
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * randn(seed * 97 + i, *p.shape, device=device))
+            else:
+                scale = 1.0 if "embed" in name else 1 / math.sqrt(p.shape[1])
+                p.copy_(randn(seed * 97 + i, *p.shape, device=device, scale=scale))
+    return model.eval()
+
+
+class _FixedLogits(nn.Module):
+    """A stand-in model: logits read from ``table[last input token]``, or one fixed row for every input.
+
+    It has the interface the loop relies on (config, device, dtype, the forward signature) and
+    writes zeros into the cache, so any cache the learner built works with it.
+    """
+
+    def __init__(self, table: torch.Tensor, device):
+        super().__init__()
+        V = table.shape[-1]
+        self.config = LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+        self.table = nn.Parameter(table.to(device=device, dtype=torch.float64), requires_grad=False)
+        self.calls = 0
+
+    @property
+    def device(self):
+        return self.table.device
+
+    @property
+    def dtype(self):
+        return self.table.dtype
+
+    def forward(self, input_ids, position_ids=None, cache=None, attention_mask=None, **kwargs):
+        self.calls += 1
+        B, T = input_ids.shape
+        if cache is not None:
+            zeros = torch.zeros(B, 1, T, 4, dtype=self.dtype, device=self.device)
+            for layer in range(self.config.num_hidden_layers):
+                cache.update(layer, zeros, zeros)
+        if self.table.dim() == 1:
+            return self.table.expand(B, T, -1)  # (B, T, V)
+        return self.table[input_ids]  # (B, T, V)
+
+
+def _successor_model(vocab: int, device) -> _FixedLogits:
+    """Greedy continues every token t with t + 1 (mod vocab), by a wide margin."""
+    table = torch.full((vocab, vocab), -5.0, dtype=torch.float64)
+    table[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = 5.0
+    return _FixedLogits(table, device)
+
+
+# -- inputs -------------------------------------------------------------------------------------
+def _prompts(ex: dict) -> list[list[int]]:
+    g = torch.Generator().manual_seed(ex["seed"] + 1)
+    return [torch.randint(0, TINY["vocab_size"], (n,), generator=g).tolist() for n in ex["lengths"]]
+
+
+@st.composite
+def batches(draw, max_batch=8, max_len=40, max_new=6):
+    B = draw(st.integers(1, max_batch))
+    return {
+        "lengths": draw(st.lists(st.integers(1, max_len), min_size=B, max_size=B)),
+        "max_new_tokens": draw(st.integers(1, max_new)),
+        "pad_token_id": draw(st.sampled_from([0, 0, 7])),
+        "seed": draw(SEEDS),
+    }
+
+
+def _run(c, ex, device=None, **kwargs):
+    """The learner's generate on the example's prompts; returns (model, prompts, rows)."""
+    model, prompts = _tiny_model(ex["seed"], device or c.device), _prompts(ex)
+    got = c.t.generate(model, prompts, ex["max_new_tokens"], pad_token_id=ex.get("pad_token_id", 0), **kwargs)
+    return model, prompts, _rows(c, got, len(prompts), ex)
+
+
+def _rows(c, got, n: int, ex) -> list[list[int]]:
+    if not isinstance(got, (list, tuple)) or len(got) != n:
+        c.fail(f"generate should return a list with one list of new tokens per prompt ({n}); got {_kind(got)}",
+               ex, ("returned", _kind(got)))
+    for b, row in enumerate(got):
+        if not isinstance(row, (list, tuple)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                         for t in row):
+            c.fail(f"row {b} of the result should be a list of int token ids; got {_kind(row)} "
+                   "(call .tolist() on a tensor)", ex, ("row type", _kind(row)))
+    return [list(map(int, row)) for row in got]
+
+
+def _kind(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+# -- the answer: each prompt decoded alone ------------------------------------------------------
+@torch.no_grad()
+def _verify(c, model, prompts, rows, ex, *, eos=None, tie=TIE, where=""):
+    """Every row against its prompt decoded alone by uncached forwards (tie-aware), and its length."""
+    N, shown = ex["max_new_tokens"], {**ex, **({"eos_token_id": eos} if eos is not None else {})}
+    for b, (prompt, row) in enumerate(zip(prompts, rows)):
+        if row:
+            seq = torch.tensor([prompt + row[:-1]], device=model.device)
+            logits = Llama.forward(model, seq)[0, len(prompt) - 1:]  # (len(row), V): plain causal, no cache
+            for i, token in enumerate(row):
+                best = int(logits[i].argmax())
+                if not 0 <= token < logits.shape[-1] or logits[i, token] < logits[i, best] - tie:
+                    mine = f"{float(logits[i, token]):.4f}" if 0 <= token < logits.shape[-1] else "out of range"
+                    c.fail(f"{where}row {b} (prompt of {len(prompt)} tokens), new token {i}: you produced {token}, "
+                           f"but the model on that prompt alone (no padding, no cache) gives {best} "
+                           f"(logit {float(logits[i, best]):.4f}; yours {mine})\n  all your rows: {rows}", shown, rows)
+                if token == eos and i < len(row) - 1:
+                    c.fail(f"{where}row {b}: new token {i} is the EOS {eos}, but the row goes on with "
+                           f"{row[i + 1:]}; a row stops after its first EOS and stays stopped\n  all your rows: {rows}",
+                           shown, rows)
+        if len(row) != N and (eos is None or eos not in row):
+            c.fail(f"{where}row {b}: {len(row)} new tokens, expected {N} (max_new_tokens, no EOS produced)"
+                   f"\n  all your rows: {rows}", shown, rows)
+
+
+@torch.no_grad()
+def _greedy_alone(model, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(Llama.forward(model, torch.tensor([seq], device=model.device))[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+# -- checks ---------------------------------------------------------------------------------------
+@CHECKS.add("greedy generate gives every prompt the tokens it gets decoded alone", uses="generate")
+def greedy_matches_each_prompt_alone(ctx):
+    def body(c, ex):
+        model, prompts, rows = _run(c, ex)
+        _verify(c, model, prompts, rows, ex)
+
+    ctx.case({"lengths": [5, 1, 12], "max_new_tokens": 4, "pad_token_id": 0, "seed": 3}, body)
+    ctx.forall(batches(), body, max_examples=6)
+
+
+@CHECKS.add("one prefill over the left-padded prompts, then one-token steps over the same cache", uses="generate")
+def prefill_then_one_token_steps(ctx):
+    def body(c, ex):
+        model, prompts, rows = _run(c, ex)
+        calls, B, P = model.calls, len(prompts), max(ex["lengths"])
+        if not calls:
+            c.fail("generate never called the model", ex, ("calls", 0))
+        first = calls[0]["ids"]
+        if first.dim() != 2 or first.shape[0] != B or first.shape[1] < P:
+            c.fail(f"the first call should be one prefill over all {B} prompts, padded to (B, P) = ({B}, {P}); "
+                   f"it sent input_ids of shape {tuple(first.shape)}", ex, ("prefill shape", tuple(first.shape)))
+        for b, prompt in enumerate(prompts):
+            if first[b, first.shape[1] - len(prompt):].tolist() != prompt:
+                c.fail(f"prefill row {b} should end with prompt {b} {prompt} (left padding: pads first, so every "
+                       f"prompt ends in the last column); the row was {first[b].tolist()}",
+                       ex, ("prefill row", b, first[b].tolist()))
+        for s, call in enumerate(calls):
+            if s and (call["ids"].dim() != 2 or call["ids"].shape[1] != 1 or call["ids"].shape[0] > B):
+                c.fail(f"decode step {s} sent input_ids of shape {tuple(call['ids'].shape)}; a decode step feeds only "
+                       f"the newest token of each row, (rows, 1), and reads everything older from the cache",
+                       ex, ("decode input_ids", s, tuple(call["ids"].shape)))
+            if call["cache"] is None:
+                c.fail(f"{'decode step ' + str(s) if s else 'the prefill'} passed no cache to the model; the prefill "
+                       "must fill one and every decode step must read it", ex, ("no cache", s))
+
+    ctx.forall(batches(max_batch=5, max_len=12, max_new=4), body, max_examples=4)
+
+
+def _positions(call) -> torch.Tensor:
+    ids = call["ids"]
+    return call["positions"] if call["positions"] is not None else torch.arange(ids.shape[1]).expand(ids.shape)
+
+
+@CHECKS.add("position ids count each row's real tokens only (padding skipped)", uses="generate")
+def positions_skip_padding(ctx):
+    def body(c, ex):
+        model, prompts, rows = _run(c, ex)
+        calls = model.calls
+        why = ("positions count real tokens, cumsum(mask) - 1. The outputs cannot show this: RoPE scores depend "
+               "only on position differences, so a constant shift per row cancels - but not in a model with "
+               "absolute positions, a sliding window, or a row longer than the position table.")
+        prefill = _positions(calls[0])
+        for b, prompt in enumerate(prompts):
+            got = prefill[b, prefill.shape[1] - len(prompt):].tolist()
+            if got != list(range(len(prompt))):
+                c.fail(f"prefill row {b} (a prompt of {len(prompt)} tokens, {prefill.shape[1] - len(prompt)} pads): "
+                       f"its tokens got positions {got}, expected 0 … {len(prompt) - 1}; {why}",
+                       ex, ("prefill positions", b, got))
+        for s, call in enumerate(calls[1:], start=1):
+            pos = _positions(call)
+            if pos.shape[0] != len(prompts):
+                continue  # rows were dropped; which is which cannot be told here
+            for b, prompt in enumerate(prompts):
+                if s < len(rows[b]) and int(pos[b, -1]) != len(prompt) + s - 1:
+                    c.fail(f"decode step {s}, row {b}: new token {s - 1} of a {len(prompt)}-token prompt was given "
+                           f"position {int(pos[b, -1])}, expected {len(prompt) + s - 1} ({len(prompt)} prompt tokens "
+                           f"+ {s - 1} new ones before it); {why}", ex, ("decode position", s, b, int(pos[b, -1])))
+
+    ctx.case({"lengths": [2, 6, 1], "max_new_tokens": 3, "pad_token_id": 0, "seed": 5}, body)
+    ctx.forall(batches(max_batch=5, max_len=12, max_new=4), body, max_examples=3)
+
+
+@CHECKS.add("the cache is written in place, not grown by concatenation", uses="generate")
+def cache_written_in_place(ctx):
+    def body(c, ex):
+        model, prompts, rows = _run(c, ex)
+        first = {}
+        for s, call in enumerate(model.calls):
+            for u in call["updates"]:
+                seen = first.setdefault(u["layer"], (s, u))
+                if (u["k"], u["v"]) != (seen[1]["k"], seen[1]["v"]):
+                    c.fail(f"layer {u['layer']}: at {'decode step ' + str(s) if s else 'the prefill'} cache.update "
+                           f"returned keys/values in new memory (shape {u['shape']}; at call {seen[0] + 1} they were "
+                           f"{seen[1]['shape']} elsewhere). A preallocated cache writes into buffers made once and "
+                           "returns them (or views of them); torch.cat copies the whole cache every step.",
+                           ex, ("new storage", u["layer"], s))
+
+    ctx.forall(batches(max_batch=4, max_len=10, max_new=5).filter(lambda e: e["max_new_tokens"] > 2), body,
+               max_examples=2)
+
+
+def _eos_example(model, prompts, n):
+    """An EOS the greedy paths really produce: new to its row, mid-way, missing from some other row."""
+    paths = [_greedy_alone(model, p, n) for p in prompts]
+    for b, path in enumerate(paths):
+        for i in range(1, n - 1):
+            token = path[i]
+            if token not in path[:i] and (len(paths) == 1 or any(token not in other for other in paths)):
+                return token
+    return paths[0][n // 2]
+
+
+@CHECKS.add("a row stops after its EOS (included); the other rows go on", uses="generate")
+def eos_stops_its_row(ctx):
+    def body(c, ex):
+        model, prompts = _tiny_model(ex["seed"], c.device), _prompts(ex)
+        eos = _eos_example(model, prompts, ex["max_new_tokens"])
+        model.calls.clear()
+        got = c.t.generate(model, prompts, ex["max_new_tokens"], eos_token_id=eos, pad_token_id=ex["pad_token_id"])
+        _verify(c, model, prompts, _rows(c, got, len(prompts), ex), ex, eos=eos)
+
+    ctx.forall(batches(max_batch=5, max_len=10, max_new=8).filter(lambda e: e["max_new_tokens"] >= 4), body,
+               max_examples=4)
+
+
+SUCCESSOR_CASES = [
+    # vocab 16, EOS 15: a row ending in token t continues t+1, t+2, ..., 15 and stops.
+    {"prompts": [[3, 12], [15, 9, 13], [7], [14]], "max_new_tokens": 12},  # rows stop after 3, 2, 8, 1
+    {"prompts": [[1, 14], [14]], "max_new_tokens": 6},  # every row stops at its first token
+    {"prompts": [[2], [15, 4]], "max_new_tokens": 3},  # no row reaches EOS
+]
+
+
+@CHECKS.add("EOS is sticky and the loop stops calling the model once every row is done", uses="generate")
+def early_exit_when_all_done(ctx):
+    def body(c, ex):
+        model, eos, N = _successor_model(16, c.device), 15, ex["max_new_tokens"]
+        got = _rows(c, c.t.generate(model, ex["prompts"], N, eos_token_id=eos), len(ex["prompts"]), ex)
+        expected = [[(p[-1] + 1 + i) % 16 for i in range(min(N, 15 - p[-1]))] for p in ex["prompts"]]
+        shown = {**ex, "eos_token_id": eos, "model": "each token t is followed by t + 1"}
+        if got != expected:
+            c.fail(f"with a model whose greedy choice after token t is t + 1 and EOS = 15, each row should count up to "
+                   f"15 and stop there (EOS included), or stop at {N} tokens\n  expected {expected}\n  got      {got}",
+                   shown, got)
+        needed = max(map(len, expected))
+        if model.calls != needed:
+            c.fail(f"generate called the model {model.calls} times; {needed} calls make these tokens (a prefill, then "
+                   f"one decode step per further token). Once every row is finished, stop: the remaining steps "
+                   "would only produce tokens nobody keeps.", shown, ("calls", model.calls))
+
+    for case in SUCCESSOR_CASES:
+        ctx.case(case, body)
+
+
+@CHECKS.add("max_new_tokens 0 and 1, and an empty list of prompts", uses="generate")
+def edge_sizes(ctx):
+    def body(c, ex):
+        if ex["max_new_tokens"] == 0 or not ex["lengths"]:
+            model, prompts = _tiny_model(ex["seed"], c.device), _prompts(ex)
+            got = c.t.generate(model, prompts, ex["max_new_tokens"])
+            if got != [[] for _ in prompts]:
+                c.fail(f"expected {[[] for _ in prompts]}, got {got!r}", ex, ("edge", _kind(got)))
+            return
+        model, prompts, rows = _run(c, ex)
+        _verify(c, model, prompts, rows, ex)
+
+    for ex in ({"lengths": [3, 1], "max_new_tokens": 0, "seed": 1}, {"lengths": [], "max_new_tokens": 4, "seed": 1},
+               {"lengths": [4, 9, 1], "max_new_tokens": 1, "seed": 2}, {"lengths": [1], "max_new_tokens": 5, "seed": 4}):
+        ctx.case(ex, body)
+
+
+@CHECKS.add("an empty prompt or a negative max_new_tokens raises ValueError naming it", uses="generate")
+def rejects_bad_input(ctx):
+    def body(c, ex):
+        model = _tiny_model(ex["seed"], c.device)
+        for what, args, name in (("an empty prompt among others", ([[1, 2], []], 3), "prompt"),
+                                 ("max_new_tokens = -1", ([[1, 2]], -1), "max_new_tokens")):
+            exc = c.raises(ValueError, c.t.generate, model, *args, what=f"generate with {what}", example=ex)
+            if name not in str(exc):
+                c.fail(f"generate with {what} raised ValueError({str(exc)!r}); the message should name {name}",
+                       ex, ("unnamed", name))
+
+    ctx.case({"seed": 0}, body)
+
+
+@CHECKS.add("sampling: the same generator seed gives the same tokens", uses="generate")
+def sampling_is_reproducible(ctx):
+    def body(c, ex):
+        model, prompts = _tiny_model(ex["seed"], c.device), _prompts(ex)
+        runs = [_rows(c, c.t.generate(model, prompts, ex["max_new_tokens"], temperature=1.0,
+                                      generator=torch.Generator(c.device).manual_seed(ex["seed"])), len(prompts), ex)
+                for _ in range(2)]
+        if runs[0] != runs[1]:
+            c.fail(f"two runs at temperature 1.0 with generators seeded alike gave\n  {runs[0]}\n  {runs[1]}\n  "
+                   "draw with torch.multinomial(..., generator=generator), never from the global RNG",
+                   {**ex, "temperature": 1.0}, ("not reproducible",))
+
+    ctx.case({"lengths": [3, 7, 1], "max_new_tokens": 6, "seed": 11}, body)
+
+
+@CHECKS.add("sampling: a tiny temperature gives the greedy tokens", uses="generate")
+def tiny_temperature_is_greedy(ctx):
+    T = 1e-4
+
+    def body(c, ex):
+        model, prompts, rows = _run(c, ex, temperature=T, generator=torch.Generator(c.device).manual_seed(0))
+        # A token 40 T below the best has probability under e^-40: only ties within that are accepted.
+        _verify(c, model, prompts, rows, {**ex, "temperature": T}, tie=40 * T)
+
+    ctx.case({"lengths": [4, 2, 9], "max_new_tokens": 5, "pad_token_id": 0, "seed": 21}, body)
+
+
+SAMPLING_LOGITS = [1.0, 0.5, 0.0, -0.5, 2.0, -1.0, 0.25, 1.5]
+
+
+@CHECKS.add("sampling: drawn tokens follow softmax(logits / temperature)", uses="generate")
+def sampling_follows_the_distribution(ctx):
+    def body(c, ex):
+        logits = torch.tensor(SAMPLING_LOGITS, dtype=torch.float64)
+        model, rows_n, N = _FixedLogits(logits, c.device), ex["rows"], ex["max_new_tokens"]
+        got = _rows(c, c.t.generate(model, [[1]] * rows_n, N, temperature=ex["temperature"],
+                                    generator=torch.Generator(c.device).manual_seed(ex["seed"])), rows_n, ex)
+        draws = [t for row in got for t in row]
+        if len(draws) != rows_n * N or not all(0 <= t < len(SAMPLING_LOGITS) for t in draws):
+            c.fail(f"expected {rows_n} rows of {N} tokens in 0 … {len(SAMPLING_LOGITS) - 1}", ex, ("draws", len(draws)))
+        counts = torch.bincount(torch.tensor(draws), minlength=len(SAMPLING_LOGITS)).double()
+        candidates = {
+            "softmax(logits / temperature)": torch.softmax(logits / ex["temperature"], 0),
+            "softmax(logits), the temperature ignored": torch.softmax(logits, 0),
+            "softmax(logits * temperature)": torch.softmax(logits * ex["temperature"], 0),
+        }
+        stats = {name: float(((counts - len(draws) * p) ** 2 / (len(draws) * p)).sum()) for name, p in candidates.items()}
+        if stats["softmax(logits / temperature)"] <= CHI2_DF7_P1E6:
+            return
+        looks = [name for name, s in stats.items() if s <= CHI2_DF7_P1E6]
+        if int(counts.max()) == len(draws):
+            looks = ["always one token (no sampling)"]
+        expected = (len(draws) * candidates["softmax(logits / temperature)"]).round().long().tolist()
+        c.fail(f"a model whose logits are always {SAMPLING_LOGITS}: over {len(draws)} draws at temperature "
+               f"{ex['temperature']} the counts of tokens 0 … 7 were {counts.long().tolist()}, expected about "
+               f"{expected} (chi-square {stats['softmax(logits / temperature)']:.0f}, over {CHI2_DF7_P1E6} happens by "
+               f"chance with probability 1e-6)" + (f"; they look like {looks[0]}" if looks else ""),
+               ex, ("distribution", looks[0] if looks else "neither"))
+
+    ctx.case({"rows": 250, "max_new_tokens": 8, "temperature": 0.5, "seed": 1}, body)
+
+
+@CHECKS.add("generate runs on the model's device: " + ("CUDA" if CUDA else "CPU only here (no CUDA device; "
+            "on a GPU machine this check runs on CUDA)"), uses="generate")
+def runs_on_the_model_device(ctx):
+    device = torch.device("cuda") if CUDA else ctx.device
+
+    def body(c, ex):
+        model, prompts, rows = _run(c, ex, device=device, eos_token_id=ex["eos_token_id"])
+        _verify(c, model, prompts, rows, ex, eos=ex["eos_token_id"], where=f"on {device.type}: ")
+        away = [u["device"] for call in model.calls for u in call["updates"] if u["device"] != device.type]
+        if away:
+            c.fail(f"the model is on {device.type} but cache.update returned tensors on {away[0]}; allocate the "
+                   "cache on model.device", ex, ("cache device", away[0]))
+
+    ctx.case({"lengths": [6, 3, 11, 1], "max_new_tokens": 5, "pad_token_id": 0, "eos_token_id": 7, "seed": 8}, body)
