@@ -199,6 +199,7 @@ def bench_generate(batches: list[int], device: torch.device, progress: Progress,
     if hf is not None:
         impls["hf"] = lambda p: _hf_generate(hf, p, new_tokens)
     rows = []
+    progress.total += len(batches) * len(impls) + (hf is None)
     for batch in batches:
         prompts = _prompts(batch, GENERATE_CONFIG["vocab_size"])
         for name, run in impls.items():
@@ -325,7 +326,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     lengths = lengths or ([256, 1024, 4096] if quick else [256, 1024, 4096, 16384])
     batches = batches or ([1, 8] if quick else [1, 8, 32])
     steps = steps or (30 if quick else 100)
-    progress = Progress(len(lengths) * 4 + len(batches) * 3 + 4, quiet)
+    progress = Progress(len(lengths) * 4 + 3, quiet)  # generation adds its own count
     result = {"machine": machine(device), "append": bench_append(lengths, steps, device, progress)}
     result["generate"] = bench_generate(batches, device, progress, new_tokens, hf)
     result["memory"] = bench_memory(device, progress)
