@@ -156,7 +156,8 @@ class Ctx:
         def run(example):
             run_body(ctx, body, example)
 
-        run()
+        with same_draws():
+            run()
 
     def case(self, example: dict, body: Callable) -> None:
         """One pinned input."""
@@ -202,6 +203,30 @@ class Ctx:
                       example, ("raised", type(exc).__name__, what))
         self.fail(f"{what}: expected {error.__name__}, your code raised nothing", example,
                   ("no error", error.__name__, what))
+
+
+@contextmanager
+def same_draws():
+    """Draw without the constants that recent Hypothesis versions mine from local modules.
+
+    Those constants come from whatever is in sys.modules — the learner's file, the mistake
+    catalogue — so the inputs drawn would depend on what happens to be imported, and a learner's
+    own literals could steer them. Grading must draw the same inputs everywhere.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+
+        original, empty = providers._get_local_constants, providers.Constants()
+    except (ImportError, AttributeError):  # a Hypothesis without the feature
+        yield
+        return
+    providers._get_local_constants = lambda: empty
+    providers.CONSTANTS_CACHE.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 def run_body(ctx: Ctx, body: Callable, example) -> None:

@@ -3,7 +3,6 @@ known-mistake variant built from source, or the namespace of a notebook."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import linecache
 import site
 import sys

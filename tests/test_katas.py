@@ -3,13 +3,12 @@ implemented", every known mistake is caught and named, and the manifest matches 
 from __future__ import annotations
 
 import ast
-import inspect
 from pathlib import Path
 
 import pytest
 import torch
 
-from grader import checks, grade, manifest, mistakes, targets
+from grader import checks, grade, manifest, mistakes
 
 ROOT = manifest.REPO_ROOT
 KATAS = list(manifest.load().values())

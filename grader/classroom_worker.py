@@ -1,0 +1,254 @@
+"""The learner's side of ``kvkata grade``: one submission × kata, in a process of its own.
+
+``python -m grader.classroom_worker SPEC.json`` — started by grader.cohort, never by hand. It
+
+1. limits itself (address space, size of any file it writes, no core dumps);
+2. imports torch, the kata's checks and the reference, and warms the device up;
+3. takes a snapshot of the grader's, torch's and the builtins' functions, and installs an audit
+   hook (which cannot be removed): it writes only inside its sandbox, never reads solutions/, the
+   mistake catalogue or other submissions, starts no process, signals no other process, uses no
+   ctypes, tracing, heap walking or network;
+4. imports the learner's file (a copy in the sandbox) and runs every check with a RecordingCtx,
+   writing one record a check into ``out/`` (plain data, see grader.plain), with what the audit hook
+   and the snapshot found.
+
+Nothing here decides a grade: the parent replays the records against the reference (grader.replay).
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+import types
+from pathlib import Path
+
+FORBIDDEN = {
+    "subprocess.Popen": "started a process", "os.system": "started a process", "os.exec": "started a process",
+    "os.posix_spawn": "started a process", "os.spawn": "started a process", "os.fork": "started a process",
+    "os.forkpty": "started a process", "pty.spawn": "started a process",
+    "ctypes.dlopen": "used ctypes", "ctypes.dlsym": "used ctypes", "ctypes.dlsym/handle": "used ctypes",
+    "ctypes.cdata": "used ctypes", "ctypes.cdata/buffer": "used ctypes",
+    "sys.settrace": "installed a tracer", "sys.setprofile": "installed a profiler",
+    "gc.get_objects": "walked the heap", "gc.get_referrers": "walked the heap", "gc.get_referents": "walked the heap",
+    "socket.connect": "used the network", "socket.bind": "used the network", "socket.getaddrinfo": "used the network",
+    "os.chdir": "changed the working folder", "os.fchdir": "changed the working folder",
+}
+PATH_EVENTS = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.utime": 1,
+               "os.truncate": 1, "os.rename": 2, "os.link": 2, "os.symlink": 2, "shutil.rmtree": 1,
+               "shutil.copyfile": 2, "shutil.copytree": 2, "shutil.move": 2}
+_GONE = object()
+CACHES = {"__slotnames__"}  # attributes Python itself caches on classes (copyreg, when pickling)
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+WATCHED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.functional", "torch.serialization", "builtins",
+                   "math", "operator", "numbers", "inspect", "traceback", "copy", "functools", "os", "os.path", "io",
+                   "json", "signal", "hypothesis", "hypothesis.core", "hypothesis.control")
+
+
+def limit(spec: dict) -> None:
+    """Address space, file size and core dumps, soft and hard (the learner's code cannot raise them)."""
+    for name, megabytes in (("RLIMIT_AS", spec.get("memory_mb")), ("RLIMIT_FSIZE", spec.get("file_mb"))):
+        if megabytes:
+            size = int(megabytes) * 2**20
+            resource.setrlimit(getattr(resource, name), (size, size))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
+
+
+# -- the snapshot ---------------------------------------------------------------------------
+def snapshot() -> list[tuple[str, object, str, object]]:
+    """(owner name, owner, attribute, value) of every function, class and module the grading relies on."""
+    import torch
+
+    owners = [(n, m) for n, m in list(sys.modules.items()) if n == "grader" or n.startswith("grader.")]
+    owners += [(n, sys.modules[n]) for n in WATCHED_MODULES if n in sys.modules]
+    classes = {torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.nn.Linear, torch.nn.Parameter}
+    entries = []
+    for name, owner in owners:
+        for attr, value in list(vars(owner).items()):
+            if callable(value) or isinstance(value, types.ModuleType):
+                entries.append((name, owner, attr, value))
+            if isinstance(value, type) and str(getattr(value, "__module__", "")).startswith(("grader", "torch")):
+                classes.add(value)
+            if attr == "CHECKS" and hasattr(value, "all"):
+                entries += [(f"{name}.CHECKS", value, "all", value.all)]
+                entries += [(f"{name}.{c.id}", c, "func", c.func) for c in value.all]
+    for cls in classes:
+        entries += [(cls.__qualname__, cls, attr, value) for attr, value in list(vars(cls).items())]
+        entries.append((cls.__qualname__, cls, "<attributes>", frozenset(vars(cls))))
+    return entries
+
+
+def changed(entries) -> list[str]:
+    """What differs from the snapshot: replaced or removed functions, attributes added to classes."""
+    found = []
+    for name, owner, attr, value in entries:
+        if attr == "<attributes>":
+            added = {a for a in set(vars(owner)) - value if a not in CACHES and not a.startswith("_abc_")}
+            found += [f"added {name}.{a}" for a in sorted(added)]
+            continue
+        if vars(owner).get(attr, _GONE) is not value:
+            found.append(f"replaced {name}.{attr}")
+    return found
+
+
+# -- the audit hook -------------------------------------------------------------------------
+def _on_stack(filename: str, getframe=sys._getframe):
+    """A test: is code from ``filename`` anywhere on the calling stack?"""
+    def test() -> bool:
+        frame = getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == filename:
+                return True
+            frame = frame.f_back
+        return False
+    return test
+
+
+def _paths(cwd: str, join=os.path.join, norm=os.path.normpath, fspath=os.fspath, sep=os.sep):
+    """(resolve, inside): absolute paths as the hook sees them, and containment."""
+    def resolve(path):
+        if isinstance(path, int) or path is None:
+            return None
+        path = fspath(path)
+        return norm(join(cwd, path.decode(errors="replace") if isinstance(path, bytes) else path))
+
+    def inside(path, roots) -> bool:
+        return path is not None and any(path == r or path.startswith(r + sep) for r in roots)
+    return resolve, inside
+
+
+def audit_hook(spec: dict, guard: "Guard"):
+    """The hook: paths are judged whoever touches them (only the worker's own saving may write its
+    records); the other events only when the learner's code is on the stack (Hypothesis, for one,
+    calls gc.get_referrers). Helpers are bound now, so patching them later changes nothing."""
+    resolve, inside = _paths(os.getcwd())
+    learner_on_stack, own = _on_stack(spec["label"]), (os.getpid(), os.getpgid(0))
+    allowed, records = (spec["sandbox"], "/dev/null"), (os.path.join(spec["sandbox"], "out"),)
+
+    def refuse(why: str, tamper: bool):
+        if tamper:
+            guard.found.append(why)
+        raise PermissionError(f"kvkata grading: not allowed here: {why}")
+
+    def write(path):
+        if inside(path, records) and not guard.saving:
+            refuse(f"wrote the grader's records ({path})", True)
+        if path is not None and not inside(path, allowed):
+            refuse(f"wrote {path}", inside(path, spec["guarded"]))
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = resolve(args[0]), args[1], args[2]
+            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & WRITE_FLAGS):
+                write(path)
+            elif inside(path, spec["secret"]) and not inside(path, allowed):
+                refuse(f"read {path}", True)
+        elif event in PATH_EVENTS:
+            for arg in args[:PATH_EVENTS[event]]:
+                write(resolve(arg))
+        elif event in FORBIDDEN and learner_on_stack():
+            refuse(f"{FORBIDDEN[event]} ({event})", True)
+        elif event in ("os.kill", "os.killpg", "signal.pthread_kill") and args and args[0] not in own:
+            refuse(f"sent a signal to process {args[0]} ({event})", True)
+    return hook
+
+
+class Guard:
+    """What the learner's process may do (the audit hook), and what it was caught doing."""
+
+    def __init__(self, spec: dict):
+        self.found: list[str] = []
+        self.saving = False
+        self.entries = snapshot()
+        sys.addaudithook(audit_hook(spec, self))
+
+    def report(self) -> list[str]:
+        return sorted(set(self.found + changed(self.entries)))
+
+    def save(self, path: Path, data: dict) -> None:
+        """Write a record (plain data) with what was found so far; only this may write records."""
+        from grader import plain
+
+        data["tamper"] = self.report()
+        self.saving = True
+        try:
+            plain.save(path, data)
+        finally:
+            self.saving = False
+
+
+# -- running --------------------------------------------------------------------------------
+def hidden_reference(kata):
+    """The reference, loaded before the learner's code and then dropped from sys.modules and
+    linecache, where the learner's code could have picked it up."""
+    import linecache
+
+    from grader import targets
+
+    reference = targets.reference(kata)
+    for name in [n for n in sys.modules if n.startswith("kvkata_target_")]:
+        del sys.modules[name]
+    linecache.cache.pop(reference.filename, None)
+    return reference
+
+
+def warm_up(device) -> None:
+    """Run the kinds of ops checks use once, so lazy loading happens before the audit hook."""
+    import torch
+
+    x = torch.randn(4, 4, device=device, dtype=torch.float64)
+    torch.softmax(x @ x.T, dim=-1).float().sum().item()
+    torch.nn.Linear(4, 4, bias=False).to(device)(x.float()).sum().item()
+
+
+def run_checks(spec: dict, target, reference, device, kata_checks, guard: Guard) -> None:
+    from grader.engine import run_check
+    from grader.record import RecordingCtx
+
+    out = Path(spec["out"])
+    for index, check in enumerate(kata_checks):
+        ctx = RecordingCtx(target, reference, device, spec["seed"])
+        try:
+            result = run_check(check, ctx, (), spec["timeout"])
+            status, message = result.status, result.message
+        except BaseException as exc:  # e.g. the learner's code raised KeyboardInterrupt
+            status, message = "fail", f"while this check ran, your code raised {type(exc).__name__}: {exc}"
+        guard.save(out / f"check-{index:03d}.pt",
+                   {"check": check.id, "status": status, "message": message, "executions": ctx.executions})
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text(encoding="utf-8"))
+    limit(spec)
+    import torch
+
+    from grader import checks, manifest, targets
+
+    torch.set_num_threads(int(spec.get("threads", 1)))
+    kata = manifest.get(spec["kata"])
+    device = torch.device(spec["device"])
+    reference = hidden_reference(kata)
+    kata_checks = list(checks.for_kata(kata.id).all)
+    warm_up(device)
+    guard = Guard(spec)
+    out, label = Path(spec["out"]), spec["label"]
+    try:
+        source = Path(spec["file"]).read_text(encoding="utf-8", errors="replace")
+        target = targets.from_source(source, label, label)
+    except BaseException as exc:  # a syntax error, or an import that raised or even called sys.exit
+        reason = str(exc) if isinstance(exc, targets.TargetLoadError) else \
+            f"importing {label} raised {type(exc).__name__}: {exc}"
+        guard.save(out / "load.pt", {"error": reason})
+        return 0
+    run_checks(spec, target, reference, device, kata_checks, guard)
+    guard.save(out / "done.pt", {})
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no atexit handler or finalizer of the learner's runs after the records

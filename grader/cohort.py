@@ -1,0 +1,207 @@
+"""Grading many submissions, each isolated: the engine of ``kvkata grade``.
+
+Each submission × kata runs in a worker process of its own (grader.classroom_worker) with a time
+limit, a memory limit and an audit hook, in parallel, in a sandbox folder holding a copy of the
+submitted file. The worker only records what the learner's code did; this process — which never
+runs learner code — replays the records against the reference (grader.replay) and makes the row.
+A worker that hangs, crashes, exits, floods its output or tampers with the grader gets an honest
+failing row; no worker can change another row or stop the run.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader import manifest
+
+OUTPUT_CAP = 64 * 1024  # bytes of a worker's output kept for the report
+
+
+@dataclass
+class Settings:
+    device: str = "cpu"
+    seed: int = 0
+    timeout: float = 60.0  # seconds a submission × kata may run, start-up included
+    memory_mb: int | None = 4096  # address space of a worker; None: no limit
+    file_mb: int = 64  # the largest file a worker may write
+    jobs: int = 1
+
+
+@dataclass
+class Job:
+    submission: str  # how rows name it
+    root: Path  # the submission folder
+    kata: manifest.Kata
+    file: Path | None  # the submitted file; None when the submission has none for this kata
+
+
+@dataclass
+class Run:
+    job: Job
+    sandbox: Path
+    returncode: int | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+    output: bytes = b""
+    output_bytes: int = 0
+
+
+def find_file(root: Path, kata: manifest.Kata) -> Path | None:
+    """The kata's file in a submission folder: ``katas/NN/<file>``, ``NN/<file>`` or ``<file>``."""
+    for candidate in (root / kata.stub, root / kata.id / kata.file, root / kata.file):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+# -- the worker process ---------------------------------------------------------------------
+def _environment(sandbox: Path) -> dict:
+    paths = [str(manifest.PACKAGE_DIR.parent)] + [p for p in sys.path if p and os.path.isdir(p)]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+           "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TMPDIR": str(sandbox / "tmp"), "HOME": str(sandbox),
+           "LANG": "C.UTF-8"}
+    env.update({k: os.environ[k] for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME") if k in os.environ})
+    return env
+
+
+def _spec(job: Job, sandbox: Path, workdir: Path, roots: list[Path], settings: Settings) -> dict:
+    root = manifest.REPO_ROOT
+    return {"kata": job.kata.id, "file": str(sandbox / "submission" / job.kata.file), "label": job.kata.stub,
+            "out": str(sandbox / "out"), "sandbox": str(sandbox), "device": settings.device, "seed": settings.seed,
+            "timeout": settings.timeout, "memory_mb": None if settings.device.startswith("cuda") else settings.memory_mb,
+            "file_mb": settings.file_mb, "threads": 1,
+            "guarded": [str(root), str(manifest.PACKAGE_DIR), str(workdir)] + [str(r) for r in roots],
+            "secret": [str(root / "solutions"), str(manifest.PACKAGE_DIR / "mistakes"), str(workdir)] + [str(r) for r in roots]}
+
+
+def _drain(stream, run: Run) -> None:
+    """Read a worker's output to the end, keeping the first OUTPUT_CAP bytes."""
+    kept = []
+    while chunk := stream.read(65536):
+        run.output_bytes += len(chunk)
+        if sum(map(len, kept)) < OUTPUT_CAP:
+            kept.append(chunk)
+    run.output = b"".join(kept)[:OUTPUT_CAP]
+
+
+def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings: Settings, live: set) -> Run:
+    sandbox = (workdir / f"{index:04d}").resolve()
+    for sub in ("submission", "out", "tmp"):
+        (sandbox / sub).mkdir(parents=True)
+    shutil.copyfile(job.file, sandbox / "submission" / job.kata.file)
+    (sandbox / "spec.json").write_text(json.dumps(_spec(job, sandbox, workdir.resolve(), roots, settings)))
+    run, started = Run(job, sandbox), time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "grader.classroom_worker", str(sandbox / "spec.json")],
+                            cwd=sandbox, env=_environment(sandbox), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    live.add(proc)
+    reader = threading.Thread(target=_drain, args=(proc.stdout, run), daemon=True)
+    reader.start()
+    try:
+        run.returncode = proc.wait(timeout=settings.timeout)
+    except subprocess.TimeoutExpired:
+        run.timed_out = True
+        kill(proc)
+        run.returncode = proc.wait()
+    finally:
+        live.discard(proc)
+    reader.join(timeout=10)
+    run.seconds = time.monotonic() - started
+    return run
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """Kill a worker and anything in its process group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- rows -----------------------------------------------------------------------------------
+def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
+    """One row per job, in the order of ``jobs``; workers run ``settings.jobs`` at a time and
+    this thread judges each as it finishes."""
+    from grader import judge
+
+    roots = sorted({j.root.resolve() for j in jobs})
+    workdir = Path(tempfile.mkdtemp(prefix="kvkata-grade-"))
+    rows: dict[int, dict] = {}
+    live: set = set()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool:
+            futures = {}
+            for i, job in enumerate(jobs):
+                if job.file is None:
+                    rows[i] = judge.missing_row(job)
+                    _tell(progress, len(rows), len(jobs), rows[i])
+                else:
+                    futures[pool.submit(run_worker, job, i, workdir, roots, settings, live)] = i
+            try:
+                for future in as_completed(futures):
+                    i = futures[future]
+                    try:
+                        rows[i] = judge.row(future.result(), settings)
+                    except Exception as exc:  # a grader bug stops this row, never the run
+                        rows[i] = judge.broken_row(jobs[i], exc)
+                    _tell(progress, len(rows), len(jobs), rows[i])
+            except BaseException:
+                for proc in list(live):
+                    kill(proc)
+                raise
+    finally:
+        if os.environ.get("KVKATA_KEEP_SANDBOXES"):  # for debugging the grader: keep what the workers wrote
+            print(f"kvkata: sandboxes kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return [rows[i] for i in range(len(jobs))]
+
+
+def _tell(progress, done: int, total: int, row: dict) -> None:
+    if progress:
+        width = len(str(total))
+        progress(f"[{done:>{width}}/{total}] {row['submission']} · kata {row['kata']}: {row['status']} "
+                 f"{row['passed']}/{row['total']} ({row['seconds']:.1f} s)" + (f" — {row['note']}" if row['note'] else ""))
+
+
+def summary(rows: list[dict]) -> str:
+    """The cohort at a glance: a table of submissions × katas, then per check how many failed it,
+    then the commonest diagnoses."""
+    katas = list(dict.fromkeys(r["kata"] for r in rows))
+    subs = list(dict.fromkeys(r["submission"] for r in rows))
+    cell = {(r["submission"], r["kata"]): r for r in rows}
+    width = max([len("submission")] + [len(s) for s in subs])
+    lines = [f"{'submission':<{width}}  " + "  ".join(f"{'kata ' + k:>13}" for k in katas)]
+    for s in subs:
+        marks = []
+        for k in katas:
+            r = cell.get((s, k))
+            marks.append(f"{(r['status'] + ' ' + str(r['passed']) + '/' + str(r['total'])) if r else '-':>13}")
+        lines.append(f"{s:<{width}}  " + "  ".join(marks))
+    failed = collections.Counter()
+    titles, graded = {}, collections.Counter()
+    for r in rows:
+        for c in r["checks"]:
+            titles[(r["kata"], c["id"])] = c["title"]
+            graded[(r["kata"], c["id"])] += 1
+            failed[(r["kata"], c["id"])] += c["status"] != "pass"
+    lines += ["", "checks failed (by how many submissions):"]
+    for key in titles:
+        lines.append(f"  kata {key[0]} · {titles[key]}: {failed[key]} of {graded[key]}")
+    diagnoses = collections.Counter(d for r in rows for d in {d for c in r["checks"] for d in c["diagnoses"]})
+    lines += ["", "commonest diagnoses (submission × kata pairs showing each):"]
+    lines += [f"  {n}× {name}" for name, n in diagnoses.most_common(10)] or ["  none"]
+    return "\n".join(lines)
+

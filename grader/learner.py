@@ -1,0 +1,238 @@
+"""The learner's tools around the board: grading a kata's file, the hint ladder, resetting a
+kata to its untouched stub (the learner's file is backed up first, never lost) and the diff from
+stub to reference.
+
+The untouched stub is looked up in git: the newest committed version of ``katas/NN/<file>`` that
+still looks like a stub (every public function and method but ``__init__`` raises
+NotImplementedError), so a learner who commits their progress still gets the real stub back.
+Outside git (a handout), ``grader/pristine/NN/<file>`` is used when ``kvkata assign`` left it there.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from grader import manifest, state
+from grader.errors import UsageError
+
+HINTS = "hints.json"
+BACKUPS = "backups"
+PRISTINE_DIR = manifest.PACKAGE_DIR / "pristine"
+GIT_DEPTH = 50  # commits of a stub's history searched for the untouched version
+MARKS = {"pass": "✓", "not-implemented": "·"}
+
+
+def kata(kata_id: str) -> manifest.Kata:
+    """The kata, or a UsageError naming the valid ids."""
+    try:
+        return manifest.get(kata_id)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (never half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- grading the learner's own file (in this process, like ``pytest katas/NN``) ------------
+def grade_file(k: manifest.Kata, spec: str, device: str = "cpu", seed: int = 0, timeout: float | None = None):
+    """Results of every check of ``k`` on ``spec`` ("stub" or a path); a file that will not import
+    fails every check with the reason, as the pytest plugin does."""
+    from grader import checks, grade, report, targets
+    from grader.engine import Result
+
+    if not (manifest.REPO_ROOT / k.solution).is_file():
+        raise UsageError(f"kata {k.id}: there is no reference solution here ({k.solution}), so nothing can be "
+                         "graded in this copy; a handout is graded by the instructor with `kvkata grade`")
+    try:
+        kata_checks = checks.for_kata(k.id).all
+    except ModuleNotFoundError:
+        raise UsageError(f"kata {k.id} has no checks yet") from None
+    try:
+        target = targets.resolve(k, spec)
+        device = str(grade.pick_device(device))
+    except targets.TargetLoadError as exc:
+        return [Result(c, "fail", report.LOAD_FAILED.format(reason=exc)) for c in kata_checks]
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
+    return grade.grade(k.id, target, device=device, seed=seed, timeout=timeout or grade.DEFAULT_TIMEOUT)
+
+
+def result_lines(results, verbose: bool = True) -> list[str]:
+    """One line a check (✓ pass, · not implemented, ✗ otherwise), failures with their message."""
+    lines = []
+    for r in results:
+        lines.append(f"{MARKS.get(r.status, '✗')} {r.check.title}")
+        if verbose and r.status not in ("pass", "not-implemented"):
+            lines.extend("    " + line for line in r.message.splitlines())
+        elif r.status == "not-implemented":
+            lines[-1] += f" — {r.message}"
+    return lines
+
+
+def save_results(k: manifest.Kata, results, device: str) -> None:
+    from grader import grade
+
+    state.save_results(grade.record(k, results, "stub", device))
+
+
+def forget_results(kata_id: str) -> None:
+    path = state.state_dir() / state.RESULTS
+    results = state.read_json(path, {})
+    if isinstance(results, dict) and results.pop(kata_id, None) is not None:
+        state.write_json(path, results)
+
+
+# -- the untouched stub ---------------------------------------------------------------------
+def looks_untouched(source: str) -> bool:
+    """Whether every public function, and every public method but ``__init__``, raises
+    NotImplementedError — the shape of a stub nobody has started."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    bodies = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            bodies.append(node)
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            bodies += [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and m.name != "__init__" and (m.name.startswith("__") or not m.name.startswith("_"))]
+    return bool(bodies) and all(_raises_not_implemented(b) for b in bodies)
+
+
+def _raises_not_implemented(fn) -> bool:
+    return any(isinstance(s, ast.Raise) and s.exc is not None and "NotImplementedError" in ast.unparse(s.exc)
+               for s in fn.body)
+
+
+def _git_versions(relpath: str, root: Path):
+    """(text, origin) of each committed version of ``relpath``, newest first; nothing outside git."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60)
+
+    try:
+        log = git("log", f"-n{GIT_DEPTH}", "--format=%H", "--", relpath)
+        if log.returncode != 0:
+            return
+        for commit in log.stdout.split():
+            shown = git("show", f"{commit}:./{relpath}")
+            if shown.returncode == 0:
+                yield shown.stdout, f"git commit {commit[:10]}"
+    except (OSError, subprocess.SubprocessError):
+        return
+
+
+def pristine_stub(k: manifest.Kata) -> tuple[str, str]:
+    """The untouched stub of ``k`` and where it was found."""
+    for text, origin in _git_versions(k.stub, manifest.REPO_ROOT):
+        if looks_untouched(text):
+            return text, origin
+    kept = PRISTINE_DIR / k.id / k.file
+    if kept.is_file():
+        return kept.read_text(encoding="utf-8"), str(kept)
+    raise UsageError(
+        f"cannot find the untouched stub of kata {k.id}: no committed version of {k.stub} in git looks "
+        f"untouched, and {kept} does not exist. Clone the repository again (or ask for the handout) to get it.")
+
+
+# -- hints ----------------------------------------------------------------------------------
+def hint_text(k: manifest.Kata, numbers: range) -> str:
+    total = len(k.hints)
+    parts = [f"hint {n} of {total} for kata {k.id} ({k.title}):\n" + _indent(k.hints[n - 1]) for n in numbers]
+    return "\n\n".join(parts)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def next_hint(k: manifest.Kata, shown: int, show_all: bool) -> tuple[str, int]:
+    """The text to print and the new count of hints shown, given ``shown`` so far."""
+    total = len(k.hints)
+    if total == 0:
+        return f"kata {k.id} has no hints.", 0
+    if show_all:
+        return hint_text(k, range(1, total + 1)), total
+    if shown >= total:
+        return (f"all {total} hints of kata {k.id} are shown already:\n\n" + hint_text(k, range(1, total + 1)), total)
+    shown += 1
+    more = total - shown
+    tail = f"\n\n({more} more: run the same command again)" if more else "\n\n(that was the last hint)"
+    return hint_text(k, range(shown, shown + 1)) + tail, shown
+
+
+def hint(k: manifest.Kata, show_all: bool = False) -> str:
+    """The learner's next hint of ``k``; the count shown is remembered in the state folder."""
+    path = state.state_dir() / HINTS
+    counts = state.read_json(path, {})
+    counts = counts if isinstance(counts, dict) else {}
+    text, counts[k.id] = next_hint(k, int(counts.get(k.id, 0) or 0), show_all)
+    state.write_json(path, counts)
+    return text
+
+
+# -- reset ----------------------------------------------------------------------------------
+def backup(path: Path, k: manifest.Kata) -> Path:
+    """Copy ``path`` into the state folder's backups under a timestamped name; that name."""
+    folder = state.state_dir() / BACKUPS / k.id
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = folder / f"{k.file}.{stamp}", 1
+    while target.exists():
+        n += 1
+        target = folder / f"{k.file}.{stamp}-{n}"
+    write_atomic(target, path.read_bytes())
+    return target
+
+
+def reset(k: manifest.Kata) -> list[str]:
+    """Put the untouched stub back in ``katas/NN``; the learner's file goes to a backup first."""
+    text, origin = pristine_stub(k)
+    path = manifest.REPO_ROOT / k.stub
+    lines = []
+    if path.is_file():
+        if path.read_bytes() == text.encode("utf-8"):
+            return [f"{k.stub} is already the untouched stub; nothing to do."]
+        lines.append(f"saved your {k.stub} to {backup(path, k)}")
+    write_atomic(path, text.encode("utf-8"))
+    forget_results(k.id)
+    lines.append(f"restored {k.stub} to the untouched stub (from {origin})")
+    return lines
+
+
+# -- the reference --------------------------------------------------------------------------
+def passed(k: manifest.Kata) -> bool:
+    """Whether the latest run of ``k`` on the board passed every check."""
+    saved = state.load_results().get(k.id) or {}
+    return bool(saved.get("total")) and saved.get("passed") == saved.get("total")
+
+
+def solution_diff(k: manifest.Kata, unlocked: bool) -> str:
+    """The unified diff from the untouched stub to the reference solution, once ``unlocked``
+    (the kata passes, or the learner insists)."""
+    reference = manifest.REPO_ROOT / k.solution
+    if not reference.is_file():
+        raise UsageError(f"there is no reference solution here ({k.solution}); ask your instructor")
+    if not unlocked:
+        raise UsageError(f"kata {k.id} does not pass yet: solve it first (pytest katas/{k.id}), "
+                         f"or see the reference now with `kvkata solution {k.id} --force`")
+    stub, origin = pristine_stub(k)
+    diff = difflib.unified_diff(stub.splitlines(True), reference.read_text(encoding="utf-8").splitlines(True),
+                                fromfile=f"{k.stub} (untouched stub, {origin})", tofile=k.solution)
+    return "".join(diff)

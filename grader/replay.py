@@ -1,0 +1,232 @@
+"""Replay: judge a learner's run from its record, in a process that never runs the learner's code.
+The design is described in grader.record; this is the grader's half.
+
+The same checks with the same seed draw the same examples (grader.engine.same_draws);
+``differential`` compares the recorded value with the reference computed here (tier 1); a name
+that is a function in the reference is replayed from the recorded calls, so the check's own logic
+runs here on the learner's recorded results (tier 2); a name that is a class or an object in the
+reference can only be used in the learner's process, whose recorded verdict then stands (tier 3).
+Every input Hypothesis draws before a failure must be in the record, or the check fails.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+
+from grader import report
+from grader.engine import _UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet
+from grader.plain import Replayed, is_data, opaque, rebuild_exception
+from grader.engine import same_draws
+from grader.record import example_key, is_function
+from grader.targets import Target
+
+NO_RECORD = ("the process that ran your code kept no record of this input, so the result cannot be trusted "
+             "(did your code stop the grader, or change it?)")
+UNVERIFIED = "the record of your code's run does not match what the grader asked ({why}); the result cannot be trusted"
+UNREADABLE = "your code returned {what}; results must be plain tensors, numbers, strings, lists, tuples or dicts"
+
+
+class ReplayCtx(Ctx):
+    """Runs the checks in a clean process against the record of the learner's run."""
+
+    def __init__(self, executions: dict, label: str, reference: Target, device, seed: int = 0):
+        super().__init__(Target(label, label, {}), reference, device, seed)
+        self.executions = executions
+        self.cursor: _Cursor | None = None
+        self.failing = False
+        self.unrecorded: set[str] = set()  # inputs that failed for want of a record
+        self.bodies = 0
+        self.t = _Sealed()
+
+    def forall(self, strategy, body, max_examples: int = 20) -> None:
+        self.failing = False
+        number, replayed = self._replayed(body)
+        # Once an input fails, Hypothesis shrinks; an input the learner's process never saw is no candidate.
+        seen = strategy.filter(lambda ex: not self.failing or example_key(number, ex) in self.executions
+                               or example_key(number, ex) in self.unrecorded)
+        with same_draws():
+            super().forall(seen, replayed, max_examples)
+
+    def case(self, example: dict, body) -> None:
+        self.failing = False
+        super().case(example, self._replayed(body)[1])
+
+    def _replayed(self, body):
+        self.bodies += 1
+        number = self.bodies
+
+        def replayed(ctx, example):
+            if ctx is not self:  # diagnosing: a known mistake runs the real body
+                return body(ctx, example)
+            execution = self.executions.get(example_key(number, example))
+            if execution is None:
+                self.unrecorded.add(example_key(number, example))
+                self._raise(Failure(NO_RECORD))
+            outer, self.cursor = self.cursor, _Cursor(execution)
+            self.t = _ReplayApi(self.cursor, self.reference)
+            try:
+                body(ctx, example)
+            except NeedsLearner:
+                self._verdict(execution, strict=False)
+            except Failure:
+                self.failing = True
+                raise
+            except BaseException as exc:
+                if isinstance(exc, Replayed):
+                    self._raise(_learner_error(exc, example))
+                raise
+            finally:
+                self.cursor, self.t = outer, _Sealed()
+        return number, replayed
+
+    def _raise(self, exc: BaseException):
+        self.failing = self.failing or isinstance(exc, Failure)
+        raise exc from None
+
+    def _verdict(self, execution: dict, strict: bool) -> None:
+        """The learner's process' verdict, where replay cannot reach; a pass only when not ``strict``."""
+        outcome = execution.get("outcome") or {}
+        kind = outcome.get("kind")
+        if kind == "pass" and not strict:
+            return
+        if kind == "not-implemented":
+            raise NotImplementedYet(str(outcome.get("name")))
+        if kind == "fail":
+            self._raise(Failure(str(outcome.get("message")), outcome.get("observed") if outcome.get("has_observed") else _UNSET))
+        self._raise(Failure(UNVERIFIED.format(why="a value to compare is missing")))
+
+    def differential(self, example: dict, run, what: str = "") -> None:
+        if self.cursor is None:
+            raise NeedsLearner()
+        recorded = self.cursor.observation()
+        if recorded is _MISSING:
+            self._verdict(self.cursor.execution, strict=True)
+        unreadable = opaque(recorded)
+        if unreadable:
+            head = f"{what}\n  " if what else ""
+            raise Failure(f"{head}on input {report.describe_input(example)}\n  {UNREADABLE.format(what=unreadable)}",
+                          ("opaque", unreadable))
+        learner = self.t
+        super().differential(example, lambda api, e: copy.deepcopy(recorded) if api is learner else run(api, e), what)
+
+
+def _learner_error(exc: BaseException, example) -> BaseException:
+    """What the engine makes of an exception of the learner's code (see engine.run_body)."""
+    info = exc.info
+    if isinstance(exc, NotImplementedError) and info.get("innermost"):
+        return NotImplementedYet(info["innermost"])
+    error = f"{info['type']}: {info['text']}"
+    where = f"on input {report.describe_input(example)}\n  " if isinstance(example, dict) else ""
+    if info.get("trace"):
+        return LearnerCrash(f"{where}{report.CRASHED.format(error=error)}\n{info['trace']}",
+                            ("raised", info["type"], info["text"]), info["trace"])
+    return Failure(f"{where}{report.GRADER_HIT.format(error=error)}", ("grader-hit", info["type"]))
+
+
+class NeedsLearner(BaseException):
+    """Replay reached code that needs the learner's live objects (BaseException: no check's
+    ``except Exception`` may swallow it)."""
+
+
+_MISSING = object()
+
+
+class _Cursor:
+    def __init__(self, execution: dict):
+        self.execution = execution
+        self.calls = execution.get("calls") or []
+        self.observations = execution.get("observations") or []
+        self.next_call = self.next_observation = 0
+
+    def observation(self):
+        if self.next_observation >= len(self.observations):
+            return _MISSING
+        self.next_observation += 1
+        return self.observations[self.next_observation - 1]
+
+    def take(self, op: str, name: str) -> dict:
+        i = self.next_call
+        if i >= len(self.calls) or self.calls[i].get("op") != op or self.calls[i].get("name") != name:
+            raise Failure(UNVERIFIED.format(why=f"step {i + 1} should be {op} {name}"), ("unverified", op, name))
+        self.next_call += 1
+        return self.calls[i]
+
+
+class _Sealed:
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NeedsLearner()
+
+
+class _ReplayApi:
+    """The learner's names on the replay side. Which of them can be replayed is decided by the
+    reference, not by the record: a name that is a function in the reference is replayed from the
+    recorded calls (a record that lacks them fails); a class or object is left to the learner's
+    process."""
+
+    def __init__(self, cursor: _Cursor, reference: Target):
+        self._cursor, self._reference = cursor, reference
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in self._reference.namespace and not is_function(self._reference.namespace[name]):
+            raise NeedsLearner()
+        entry = self._cursor.take("get", name)
+        if entry.get("missing"):
+            raise Failure(report.MISSING_NAME.format(label=entry.get("label"), name=name), ("missing", name))
+        if entry.get("kind") != "function":
+            raise Failure(f"`{name}` should be a function (see the README's API); yours is a {entry.get('kind')}",
+                          ("not a function", name))
+        return _ReplayFunction(self._cursor, name, entry.get("signature"))
+
+
+class _ReplayFunction:
+    """Stands for one of the learner's functions: gives back what it returned, raised or changed."""
+
+    def __init__(self, cursor: _Cursor, name: str, signature):
+        self._cursor, self.__name__, self.__qualname__ = cursor, name, name
+        try:
+            params = [inspect.Parameter(n, inspect._ParameterKind(k),
+                                        default=None if d else inspect.Parameter.empty) for n, k, d in signature]
+            self.__signature__ = inspect.Signature(params)
+        except (TypeError, ValueError):
+            pass
+
+    def __call__(self, *args, **kwargs):
+        if not all(is_data(a) for a in (*args, *kwargs.values())):
+            raise NeedsLearner()  # an object (a model, a generator) the learner's code may have used: not replayable
+        entry = self._cursor.take("call", self.__name__)
+        for where, value in entry.get("mutated") or []:
+            _overwrite(args[where] if isinstance(where, int) and where < len(args) else kwargs.get(where), value)
+        if "raised" in entry:
+            raise rebuild_exception(entry["raised"])
+        unreadable = opaque(entry.get("result"))
+        if unreadable:
+            raise Failure(f"{self.__name__} returned {unreadable}; " + UNREADABLE.split("; ", 1)[1],
+                          ("opaque", self.__name__, unreadable))
+        return copy.deepcopy(entry.get("result"))
+
+
+def _overwrite(target, value) -> None:
+    """Repeat, on the replay side's own argument, the change the learner's code made in place."""
+    if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor):
+        with torch.no_grad():
+            if target.shape == value.shape and target.dtype == value.dtype:
+                target.copy_(value)
+            else:
+                target.set_(value.clone())
+    elif isinstance(target, list) and isinstance(value, list) and len(target) != len(value):
+        target[:] = copy.deepcopy(value)
+    elif isinstance(target, (list, tuple)) and isinstance(value, (list, tuple)):
+        for i, v in enumerate(value[:len(target)]):
+            if isinstance(target[i], (torch.Tensor, list, tuple, dict)):
+                _overwrite(target[i], v)
+            elif isinstance(target, list):
+                target[i] = copy.deepcopy(v)
+    elif isinstance(target, dict) and isinstance(value, dict):
+        target.clear()
+        target.update(copy.deepcopy(value))

@@ -1,0 +1,209 @@
+"""The instructor's side: handouts (``kvkata assign``) and isolated grading of a cohort
+(``kvkata grade``), including submissions that hang, crash, exit, exhaust memory, flood their
+output or tamper with the grader; and the record/replay design that keeps a learner's code from
+turning a failing check into a passing one."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from grader import checks, grade, manifest, mistakes, plain, targets
+from grader.engine import run_check
+from grader.record import RecordingCtx
+from grader.replay import NO_RECORD, ReplayCtx
+from test_cli import K01, KATAS, copy_repo, kvkata, usage_error
+
+REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
+STUB = (manifest.REPO_ROOT / K01.stub).read_text()
+MISTAKE = mistakes.catalogue("01")[0]
+SCALE = next(m for m in mistakes.catalogue("01") if "scale" in m.name)
+FIRST_LINE = '    _expect_kv("k_new", k_new)\n'  # the first line append_kv runs, where misbehaviour goes
+LIAR = '''
+
+class _Liar(torch.Tensor):
+    """Says it is close to anything."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.isclose:
+            with torch._C.DisableTorchFunctionSubclass():
+                return torch.ones(args[0].shape, dtype=torch.bool)
+        return super().__torch_function__(func, types, args, kwargs or {})
+'''
+TAMPERER = '''
+import pathlib
+import torch
+import grader
+from grader import engine, report
+torch.allclose = lambda *a, **k: True
+torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
+torch.equal = lambda *a, **k: True
+report.compare = lambda expected, got, where="result": None
+engine.run_check = lambda check, ctx, mistakes=(), timeout=None: engine.Result(check, "pass")
+try:
+    (pathlib.Path(grader.__file__).parent / "checks" / "k01.py").write_text("CHECKS = None")
+except OSError as exc:
+    print("refused:", exc)
+'''
+COPIER = '''
+import pathlib, grader
+exec((pathlib.Path(grader.__file__).parent.parent / "solutions" / "01" / "append.py").read_text())
+'''
+
+
+def at_start(line: str) -> str:
+    return REFERENCE.replace(FIRST_LINE, line + FIRST_LINE, 1)
+
+
+def liar() -> str:
+    """The missing-scale mistake whose output claims to be close to anything: in-process grading
+    passes it, replay does not."""
+    return SCALE.apply(REFERENCE).replace("return self.wo(out), (K, V)", "return self.wo(out).as_subclass(_Liar), (K, V)") + LIAR
+
+
+SUBMISSIONS = {  # one worker each, so as few as cover every way a submission can go wrong
+    "untouched": lambda: STUB, "mistake": lambda: MISTAKE.apply(REFERENCE),
+    "hang": lambda: at_start("    while True:\n        pass\n"),
+    "exits": lambda: at_start("    import os\n    os._exit(3)\n"),
+    "sysexit": lambda: REFERENCE + "\nimport sys\nsys.exit(0)\n",
+    "memory": lambda: at_start("    hog = torch.empty(3 * 2**30, dtype=torch.uint8)\n"),
+    "flood": lambda: at_start('    print("x" * 100_000)\n'),  # otherwise correct: it passes, its output capped
+    "tamperer": lambda: MISTAKE.apply(REFERENCE) + TAMPERER,
+    "copier": lambda: STUB + COPIER,
+    "liar": liar,
+}
+
+
+def test_assign_writes_a_handout_without_solutions(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    out = tmp_path / "handout"
+    made = kvkata(repo, "assign", "--level", "1", "--out", str(out))
+    assert made.returncode == 0, made.stderr
+    level1 = [k for k in KATAS if k.level <= 1]
+    assert sorted(p.name for p in (out / "katas").iterdir()) == [k.id for k in level1]
+    for k in level1:
+        assert (out / k.stub).read_text() == (repo / k.stub).read_text() and (out / k.readme).is_file()
+        assert (out / k.notebook).is_file() == (repo / k.notebook).is_file()
+    assert not (out / "solutions").exists() and (out / "grader" / "cli.py").is_file()
+    assert [p.name for p in (out / "grader" / "mistakes").glob("*.py")] == ["__init__.py"]
+    assert "cannot be graded here" in (out / "README.md").read_text()
+    usage_error(kvkata(repo, "assign", "--level", "1", "--out", str(out)), "--force")
+
+    only = kvkata(repo, "assign", "--level", "2", "--only", "--out", str(out), "--force")
+    assert only.returncode == 0 and sorted(p.name for p in (out / "katas").iterdir()) == [k.id for k in KATAS if k.level == 2]
+    ran = subprocess.run([sys.executable, "-m", "pytest", "katas"], cwd=out, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(out)}, timeout=120)
+    assert ran.returncode != 0 and "this is a handout" in ran.stdout + ran.stderr
+    assert "Traceback" not in ran.stdout + ran.stderr
+    usage_error(kvkata(out, "check", next(k.id for k in KATAS if k.level == 2)), "no reference solution")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """One grading run over every kind of submission (the expensive part, shared)."""
+    tmp = tmp_path_factory.mktemp("grade")
+    repo = copy_repo(tmp / "repo")
+    for name, source in SUBMISSIONS.items():
+        (tmp / name / "katas" / "01").mkdir(parents=True)
+        (tmp / name / K01.stub).write_text(source())
+    (tmp / "empty").mkdir()
+    checks_file = (repo / "grader" / "checks" / "k01.py").read_bytes()
+    subs = [str(tmp / name) for name in [*SUBMISSIONS, "empty"]]
+    ran = kvkata(repo, "grade", *subs, "-j", "2", "--timeout", "10", "--memory", "2048", "--report",
+                 str(tmp / "grades.csv"), "--json", str(tmp / "grades.json"), "--junit", str(tmp / "grades.xml"))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (repo / "grader" / "checks" / "k01.py").read_bytes() == checks_file  # the tamperer changed nothing
+    rows = {r["submission"]: r for r in csv.DictReader(io.StringIO((tmp / "grades.csv").read_text()))}
+    return ran, rows, json.loads((tmp / "grades.json").read_text()), tmp
+
+
+def test_grade_gives_every_submission_an_honest_row(graded):
+    ran, rows, _, _ = graded
+    total = str(len(checks.for_kata("01").all))
+    expect = {"flood": "pass", "untouched": "not-started", "empty": "not-started", "mistake": "fail",
+              "sysexit": "crash", "exits": "crash", "hang": "timeout", "memory": "fail", "tamperer": "fail",
+              "copier": "crash", "liar": "fail"}
+    assert {name: row["status"] for name, row in rows.items()} == expect
+    assert all(row["kata"] == "01" and row["total"] == total for row in rows.values())
+    assert rows["flood"]["passed"] == total and "printed" in rows["flood"]["note"]
+    assert rows["mistake"]["diagnosis"] == MISTAKE.name
+    assert rows["tamperer"]["passed"] == rows["copier"]["passed"] == "0"
+    assert all(w in rows["tamperer"]["note"] for w in ("tampered", "torch.isclose", "report.compare", "k01.py"))
+    assert "solutions" in rows["copier"]["note"] and "SystemExit" in rows["sysexit"]["note"]
+    assert "code 3" in rows["exits"]["note"]
+    assert int(rows["liar"]["passed"]) < int(total)
+    assert list(rows["flood"]) == ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds"]
+    progress = [line for line in ran.stderr.splitlines() if line.startswith("[")]
+    assert len(progress) == len(rows)
+    assert "checks failed" in ran.stdout and MISTAKE.name in ran.stdout
+
+
+def test_grade_reports_in_json_and_junit(graded):
+    _, rows, data, tmp = graded
+    by_name = {r["submission"]: r for r in data["rows"]}
+    assert by_name.keys() == rows.keys()
+    memory = by_name["memory"]["checks"]
+    assert any("allocate" in c["message"] for c in memory)  # the address-space limit, not the machine, said no
+    assert len(by_name["flood"]["output"]) <= 64 * 1024
+    suites = ET.parse(tmp / "grades.xml").getroot()
+    assert {s.get("name") for s in suites} == rows.keys()
+    flood = next(s for s in suites if s.get("name") == "flood")
+    assert flood.get("failures") == "0" and len(flood) == int(rows["flood"]["total"])
+
+
+def test_the_liar_fools_in_process_grading_but_not_replay(tmp_path):
+    path = tmp_path / "append.py"
+    path.write_text(liar())
+    assert all(r.passed for r in grade.grade("01", str(path)))  # why classroom grading replays instead
+
+
+def _record(target) -> list[dict]:
+    reference, out = targets.reference(K01), []
+    for check in checks.for_kata("01").all:
+        ctx = RecordingCtx(target, reference, "cpu")
+        run_check(check, ctx, (), 60)
+        out.append({"check": check.id, "executions": ctx.executions})
+    return out
+
+
+def _replay(records) -> list:
+    reference, known = targets.reference(K01), mistakes.load("01")
+    return [run_check(c, ReplayCtx(r["executions"], K01.stub, reference, "cpu"), known, 60)
+            for c, r in zip(checks.for_kata("01").all, records)]
+
+
+def _through_a_file(records, tmp_path):
+    plain.save(tmp_path / "r.pt", records)
+    return plain.load(tmp_path / "r.pt")
+
+
+@pytest.mark.parametrize("name", ["reference", "stub"] + [m.name for m in mistakes.catalogue("01")])
+def test_replay_agrees_with_in_process_grading(name, tmp_path):
+    target = {"reference": targets.reference(K01), "stub": targets.stub(K01)}.get(name) or \
+        dict((m.name, t) for m, t in mistakes.load("01"))[name]
+    replayed = _replay(_through_a_file(_record(target), tmp_path))
+    direct = grade.grade("01", target, diagnose=False)
+    assert [r.status for r in replayed] == [r.status for r in direct]
+    if name not in ("reference", "stub"):
+        assert any(name in r.diagnoses for r in replayed)
+
+
+def test_a_forged_record_never_passes(tmp_path):
+    """A record claiming "all went fine" without the values to compare fails every check that
+    compares values; a record with nothing in it fails every check."""
+    records = _record(dict((m.name, t) for m, t in mistakes.load("01"))[MISTAKE.name])
+    compared = [any(e["observations"] for e in r["executions"].values()) for r in records]
+    for record in records:
+        for execution in record["executions"].values():
+            execution["observations"], execution["outcome"] = [], {"kind": "pass"}
+    forged = _replay(records)
+    assert any(compared) and all(not r.passed for r, c in zip(forged, compared) if c)
+    empty = _replay([{"executions": {}} for _ in records])
+    assert all(r.status == "fail" and NO_RECORD in r.message for r in empty)
