@@ -40,6 +40,14 @@ MISTAKES = [
         edits=(('        scores = scores.masked_fill(cols > rows, float("-inf"))\n', ""),),
     ),
     Mistake(
+        name="causal mask not offset by the cache length",
+        why="on a decode step the one query sits at position past, not 0; a mask aligned to the top "
+            "left (which is what scaled_dot_product_attention's is_causal=True does) lets it see only "
+            "the first cached token.",
+        hint="On a decode step, which keys may the single new query attend to? Is any mask needed at all?",
+        edits=(("rows = torch.arange(T, device=x.device)[:, None] + past", "rows = torch.arange(T, device=x.device)[:, None]"),),
+    ),
+    Mistake(
         name="returning the old cache",
         why="the caller gets back the cache it passed in, so the new token is never stored.",
         hint="What should the second element of forward's result hold after this call?",
