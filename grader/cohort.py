@@ -193,13 +193,18 @@ def summary(rows: list[dict]) -> str:
     failed = collections.Counter()
     titles, graded = {}, collections.Counter()
     for r in rows:
+        if r["status"] == "not-started":  # nothing was submitted for this kata: no check to count
+            continue
         for c in r["checks"]:
             titles[(r["kata"], c["id"])] = c["title"]
             graded[(r["kata"], c["id"])] += 1
             failed[(r["kata"], c["id"])] += c["status"] != "pass"
-    lines += ["", "checks failed (by how many submissions):"]
-    for key in titles:
-        lines.append(f"  kata {key[0]} · {titles[key]}: {failed[key]} of {graded[key]}")
+    lines += ["", "checks failed (by how many of the submissions that attempted the kata):"]
+    for key in sorted(titles, key=lambda k: -failed[k]):
+        if failed[key]:
+            lines.append(f"  kata {key[0]} · {titles[key]}: {failed[key]} of {graded[key]}")
+    if not any(failed.values()):
+        lines.append("  none")
     diagnoses = collections.Counter(d for r in rows for d in {d for c in r["checks"] for d in c["diagnoses"]})
     lines += ["", "commonest diagnoses (submission × kata pairs showing each):"]
     lines += [f"  {n}× {name}" for name, n in diagnoses.most_common(10)] or ["  none"]
