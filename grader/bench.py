@@ -73,7 +73,9 @@ def _append_cases(tokens: int, steps: int, device: torch.device):
     """For each cache kind: (name, append one token, append then attend), prefilled to ``tokens``."""
     dtype, B = torch.float32, 1
     prompt = torch.randn(B, HEADS, tokens, HEAD_DIM, device=device, dtype=dtype)
+    prompt_row = prompt[0]  # (H, S, D)
     one = torch.randn(B, HEADS, 1, HEAD_DIM, device=device, dtype=dtype)
+    one_row = one[0]  # (H, 1, D): the paged cache takes one sequence's keys, indexed once here
     q = torch.randn(B, HEADS, 1, HEAD_DIM, device=device, dtype=dtype)
     k01, k05, k06 = reference("01"), reference("05"), reference("06")
 
@@ -101,14 +103,14 @@ def _append_cases(tokens: int, steps: int, device: torch.device):
         paged = k06["PagedKVCache"](math.ceil((tokens + 4 * steps + 4) / block) + 1, block, 1, HEADS, HEAD_DIM,
                                     dtype=dtype, device=device)
         paged.add_sequence(0)
-        paged.write(0, paged.reserve(0, tokens), prompt[0], prompt[0])
+        paged.write(0, paged.reserve(0, tokens), prompt_row, prompt_row)
 
         def paged_step(paged=paged):
             if paged.seq_len(0) >= tokens + 4 * steps:
                 paged.free(0)
                 paged.add_sequence(0)
-                paged.write(0, paged.reserve(0, tokens), prompt[0], prompt[0])
-            paged.write(0, paged.reserve(0, 1), one[0], one[0])
+                paged.write(0, paged.reserve(0, tokens), prompt_row, prompt_row)
+            paged.write(0, paged.reserve(0, 1), one_row, one_row)
 
         def paged_attend(paged=paged, step=paged_step):
             step()
@@ -187,7 +189,7 @@ def _hf_generate(hf, prompts: list[list[int]], max_new_tokens: int):
 
 
 def bench_generate(batches: list[int], device: torch.device, progress: Progress,
-                   new_tokens: int = NEW_TOKENS, with_hf: bool = True) -> list[dict]:
+                   new_tokens: int = NEW_TOKENS, with_hf: bool = True, repeats: int = 3) -> list[dict]:
     from grader.nn import Llama, LlamaConfig
 
     torch.manual_seed(0)
@@ -203,12 +205,15 @@ def bench_generate(batches: list[int], device: torch.device, progress: Progress,
     for batch in batches:
         prompts = _prompts(batch, GENERATE_CONFIG["vocab_size"])
         for name, run in impls.items():
-            run(prompts[:1])  # warm up
-            _sync(device)
-            start = time.perf_counter()
-            run(prompts)
-            _sync(device)
-            seconds = time.perf_counter() - start
+            run(prompts)  # warm up with the real batch: first allocations are not timed
+            times = []
+            for _ in range(repeats):
+                _sync(device)
+                start = time.perf_counter()
+                run(prompts)
+                _sync(device)
+                times.append(time.perf_counter() - start)
+            seconds = statistics.median(times)
             rows.append({"impl": name, "batch": batch, "tokens_per_s": round(batch * new_tokens / seconds, 1)})
             progress.step(f"generate {name:>9} batch {batch:>2}", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s")
     if hf is None:
@@ -304,8 +309,11 @@ def plot(result: dict, path: str) -> None:
     for name in dict.fromkeys(r["cache"] for r in result["append"]):
         rows = [r for r in result["append"] if r["cache"] == name]
         left.plot([r["tokens"] for r in rows], [r["step_us"] for r in rows], marker="o", label=name)
+    lengths = sorted({r["tokens"] for r in result["append"]})
     left.set(xscale="log", yscale="log", xlabel="cached tokens", ylabel="append per decode step (µs)",
              title="Append cost against cache length")
+    left.set_xticks(lengths, [str(n) for n in lengths])
+    left.minorticks_off()
     left.legend()
     impls = list(dict.fromkeys(r["impl"] for r in result["generate"]))
     batches = sorted({r["batch"] for r in result["generate"]})

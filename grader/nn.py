@@ -79,6 +79,7 @@ def _describe(x) -> str:
 # Read top to bottom: config -> rope frequencies -> attention -> block -> model -> files.
 
 _SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdigit()) >= (2, 5)  # enable_gqa
+_RMS_NORM = hasattr(F, "rms_norm")  # torch >= 2.4: the whole norm in one call
 
 
 @dataclass
@@ -144,6 +145,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if _RMS_NORM and x.dtype == weight.dtype and x.dtype in (torch.float32, torch.float64):
+            return F.rms_norm(x, weight.shape, weight, self.eps)  # the same formula in one call
         work = x.to(torch.promote_types(x.dtype, torch.float32))  # normalise in at least float32
         work = work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * work.to(x.dtype)
@@ -153,21 +157,31 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """Scaled dot-product attention over grouped KV heads; returns (B, Hq, T, D).
 
     q (B, Hq, T, D); k, v (B, Hkv, S, D) with Hkv dividing Hq, KV head j serving query heads
-    j*rep … j*rep + rep - 1; mask (B, 1, T, S) bool, True = may attend, or None: causal, the T
-    queries being the last T of the S keys.
+    j*rep … j*rep + rep - 1; mask (B, 1, T, S): bool, True = may attend, or float, added to the
+    scores (0 or -inf, q's dtype); or None: causal, the T queries being the last T of the S keys.
     """
     T, S = q.shape[2], k.shape[2]
     if mask is not None and tuple(mask.shape[-2:]) != (T, S):
         raise ValueError(f"attention_mask: expected (batch, {T}, {S}) for {T} new tokens against the {S} keys "
                          f"the cache returned, got {(mask.shape[0], *mask.shape[2:])}")
-    if mask is None and S != T:
+    if mask is None and S != T and T > 1:  # (one query, the last, sees every key: no mask needed)
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # query i sees keys <= S-T+i
     rep = q.shape[1] // k.shape[1]
-    if rep > 1 and not _SDPA_GQA:
+    if _SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                              enable_gqa=rep > 1)
+    if rep > 1:
         k = k.repeat_interleave(rep, dim=1)  # (B, Hq, S, D)
         v = v.repeat_interleave(rep, dim=1)  # (B, Hq, S, D)
-    gqa = {"enable_gqa": True} if rep > 1 and _SDPA_GQA else {}
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, **gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``rotate(x, cos, sin_plain)`` in three dispatches, given ``sin`` with its first half negated:
+    rotate_half(x) * sin_plain == (x with its halves swapped) * sin."""
+    work = x if x.dtype == cos.dtype else x.to(cos.dtype)
+    out = torch.addcmul(work * cos, work.roll(work.shape[-1] // 2, -1), sin)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class LlamaAttention(nn.Module):
@@ -182,12 +196,13 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(inner, width, bias=False)
 
     def forward(self, x, cos, sin, cache=None, mask=None) -> torch.Tensor:
-        """x (B, T, hidden); cos, sin (B, 1, T, D); mask (B, 1, T, S) or None -> (B, T, hidden)."""
+        """x (B, T, hidden); cos, sin (B, 1, T, D), sin's first half negated (see Llama._rope);
+        mask (B, 1, T, S), bool or additive float, or None -> (B, T, hidden)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_q, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # keys are cached already rotated
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)  # keys are cached already rotated
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
         out = attend(q, k, v, mask)  # (B, Hq, T, D)
@@ -268,9 +283,11 @@ class Llama(nn.Module):
                                  f"{_describe(attention_mask)} of dtype {attention_mask.dtype}")
             # A query that may see nothing (a left-pad token) would give NaN, and NaN keys poison every
             # later step; let it see everything instead, its output is never used.
-            mask = (attention_mask | ~attention_mask.any(-1, keepdim=True))[:, None]  # (B, 1, T, S)
-        work = torch.float64 if self.dtype == torch.float64 else torch.float32
-        cos, sin = rope_cos_sin(position_ids[:, None], self._frequencies(input_ids.device, work))  # (B, 1, T, D)
+            blocked = ~attention_mask & attention_mask.any(-1, keepdim=True)  # (B, T, S)
+            # As scores to add (0 or -inf), made once here rather than by every layer's attention.
+            mask = torch.zeros(B, 1, *shape[1:], dtype=self.dtype, device=blocked.device)
+            mask.masked_fill_(blocked[:, None], float("-inf"))  # (B, 1, T, S)
+        cos, sin = self._rope(position_ids)  # (B, 1, T, D)
         h = self.model.embed_tokens(input_ids)  # (B, T, hidden)
         for layer in self.model.layers:
             h = layer(h, cos, sin, cache, mask)
@@ -278,10 +295,18 @@ class Llama(nn.Module):
             h = h[:, -logits_to_keep:]  # (B, logits_to_keep, hidden)
         return self.lm_head(self.model.norm(h))  # (B, T, V)
 
-    def _frequencies(self, device, dtype) -> torch.Tensor:
-        if (device, dtype) not in self._inv_freq_on:
-            self._inv_freq_on[(device, dtype)] = self._inv_freq.to(device=device, dtype=dtype)
-        return self._inv_freq_on[(device, dtype)]
+    def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (B, 1, T, D) of ``position_ids`` (B, T), sin's first half negated for ``_rotate``.
+
+        Angles use the frequencies (-f, f) rather than (f, f): cos(-a) = cos(a), sin(-a) = -sin(a).
+        """
+        work = torch.float64 if self.dtype == torch.float64 else torch.float32
+        key = (position_ids.device, work)
+        if key not in self._inv_freq_on:
+            inv_freq = self._inv_freq.to(device=position_ids.device, dtype=work)
+            self._inv_freq_on[key] = torch.cat((-inv_freq, inv_freq))  # (D,)
+        angles = position_ids[:, None, :, None].to(work) * self._inv_freq_on[key]  # (B, 1, T, D)
+        return angles.cos(), angles.sin()
 
     # -- files -------------------------------------------------------------------------------
     @classmethod

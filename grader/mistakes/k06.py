@@ -46,7 +46,8 @@ MISTAKES = [
         name="slots are logical positions",
         why="the slot of a token is in the physical block its table points to, not at its position in the sequence.",
         hint="Token at position p lives in logical block p // block_size. Where is that block in the pages?",
-        edits=(("return (blocks * P + positions % P).to(", "return (positions).to("),),
+        edits=(("slot = table[length // P] * P + length % P", "slot = length"),
+               ("return (blocks * P + positions % P).to(", "return (positions).to(")),
     ),
     Mistake(
         name="gather returns whole blocks",
