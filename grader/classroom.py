@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from grader import checks, cohort, learner, manifest
+from grader import checks, cohort, learner, manifest, state
 from grader.errors import UsageError
 
 CSV_COLUMNS = ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds"]
@@ -78,7 +78,7 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
     (dest / "manifest.toml").write_text(_manifest_text(ids), encoding="utf-8")
     for k in katas:
         stub, _ = learner.pristine_stub(k)
-        learner.write_atomic(dest / "pristine" / k.id / k.file, stub.encode("utf-8"))
+        state.write_atomic(dest / "pristine" / k.id / k.file, stub.encode("utf-8"))
 
 
 def _pyproject() -> str:
@@ -113,7 +113,7 @@ def _fill(build: Path, katas: list[manifest.Kata], level: int) -> list[str]:
     root, notebooks = manifest.REPO_ROOT, []
     for k in katas:
         stub, _ = learner.pristine_stub(k)
-        learner.write_atomic(build / k.stub, stub.encode("utf-8"))
+        state.write_atomic(build / k.stub, stub.encode("utf-8"))
         shutil.copyfile(root / k.readme, build / k.readme)
         if (root / k.notebook).is_file():
             (build / "notebooks").mkdir(exist_ok=True)
@@ -167,12 +167,12 @@ def write_csv(rows: list[dict], path: Path) -> None:
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-    learner.write_atomic(path, buffer.getvalue().encode("utf-8"))
+    state.write_atomic(path, buffer.getvalue().encode("utf-8"))
 
 
 def write_json(rows: list[dict], path: Path, settings: cohort.Settings) -> None:
     data = {"settings": vars(settings), "rows": rows}
-    learner.write_atomic(path, json.dumps(data, indent=2).encode("utf-8"))
+    state.write_atomic(path, json.dumps(data, indent=2).encode("utf-8"))
 
 
 def write_junit(rows: list[dict], path: Path) -> None:
@@ -190,7 +190,7 @@ def write_junit(rows: list[dict], path: Path) -> None:
                 kind = "skipped" if c["status"] == "not-implemented" else "failure"
                 node = ET.SubElement(case, kind, message=f"{c['status']}: {c['message'].splitlines()[0] if c['message'] else ''}")
                 node.text = c["message"]
-    learner.write_atomic(path, ET.tostring(suites, encoding="utf-8", xml_declaration=True))
+    state.write_atomic(path, ET.tostring(suites, encoding="utf-8", xml_declaration=True))
 
 
 def grade(paths: list[str], settings: cohort.Settings, level: int | None = None, only: bool = False,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,21 +31,6 @@ def kata(kata_id: str) -> manifest.Kata:
         return manifest.get(kata_id)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (never half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # -- grading the learner's own file (in this process, like ``pytest katas/NN``) ------------
@@ -197,7 +180,7 @@ def backup(path: Path, k: manifest.Kata) -> Path:
     while target.exists():
         n += 1
         target = folder / f"{k.file}.{stamp}-{n}"
-    write_atomic(target, path.read_bytes())
+    state.write_atomic(target, path.read_bytes())
     return target
 
 
@@ -210,7 +193,7 @@ def reset(k: manifest.Kata) -> list[str]:
         if path.read_bytes() == text.encode("utf-8"):
             return [f"{k.stub} is already the untouched stub; nothing to do."]
         lines.append(f"saved your {k.stub} to {backup(path, k)}")
-    write_atomic(path, text.encode("utf-8"))
+    state.write_atomic(path, text.encode("utf-8"))
     forget_results(k.id)
     lines.append(f"restored {k.stub} to the untouched stub (from {origin})")
     return lines

@@ -86,7 +86,7 @@ def start(k: manifest.Kata, minutes: int | None, abandon: bool) -> str:
     while folder.exists():
         session_id += "x"
         folder = _path(FOLDER) / session_id
-    learner.write_atomic(folder / k.file, stub.encode("utf-8"))
+    state.write_atomic(folder / k.file, stub.encode("utf-8"))
     readme = manifest.REPO_ROOT / k.readme
     if readme.is_file():
         shutil.copyfile(readme, folder / "README.md")

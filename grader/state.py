@@ -22,18 +22,23 @@ def state_dir(root: Path | None = None) -> Path:
     return Path(override) if override else (root or manifest.REPO_ROOT) / ".kvkata"
 
 
-def write_json(path: Path, data) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (never half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json(path: Path, data) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def read_json(path: Path, default):

@@ -111,3 +111,10 @@ def run_chunks(layer, ctx, x, lengths):
         seen[f"cache after the {what}"] = named(cache)
         start += n
     return seen, cache
+
+
+def chunks_and_whole(layer, ctx, x, lengths):
+    """``run_chunks``, then one uncached forward over every token: a cache must not change outputs."""
+    seen, _ = run_chunks(layer, ctx, x, lengths)
+    seen["output of one uncached forward over all the tokens"] = expect_pair(ctx.call(layer, x), "forward(x)")[0]
+    return seen

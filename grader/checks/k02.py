@@ -5,7 +5,8 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
-from grader.checks.common import DTYPES, SEEDS, chunks, load_linears, named, randn, run_chunks, value_error_names
+from grader.checks.common import (DTYPES, SEEDS, chunks, chunks_and_whole, load_linears, named, randn, run_chunks,
+                                  value_error_names)
 from grader.engine import Checks, Failure
 from grader.nn import apply_rope
 
@@ -102,10 +103,7 @@ def _tokens(ex, device):
 
 
 def _chunked(api, ctx, ex):
-    layer, x = _layer(api, ex, ctx.device), _tokens(ex, ctx.device)
-    seen, _ = run_chunks(layer, ctx, x, ex["lengths"])
-    seen["output of one uncached forward over all the tokens"] = ctx.call(layer, x)[0]
-    return seen
+    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, _tokens(ex, ctx.device), ex["lengths"])
 
 
 @CHECKS.add("RopeAttention prefill: causal attention with RoPE from position 0", uses="RopeAttention.forward")
