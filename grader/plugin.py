@@ -104,6 +104,22 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     return lines
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = yield
+    result = getattr(item, "result", None)
+    if call.when == "call" and result is not None:
+        report.kata_status = result.status
+    return report
+
+
+def pytest_report_teststatus(report, config: pytest.Config):
+    """A check of an untouched stub is its own category: one line in the kata summary, no section."""
+    if getattr(report, "kata_status", None) == "not-implemented":
+        return "not implemented", "n", ("NOT IMPLEMENTED", {"yellow": True})
+    return None
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     by_kata: dict[str, list[Result]] = config.stash.get(RESULTS, {})
     if not by_kata:
@@ -112,6 +128,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     saved = {}
     for kata_id, results in sorted(by_kata.items()):
         kata = manifest.get(kata_id)
+        for r in results:
+            if r.status == "not-implemented":
+                terminalreporter.write_line(f"  · {r.check.title}: {r.message}")
         terminalreporter.write_line(grade.summary(kata, results))
         for r in results:
             if r.diagnoses:
@@ -175,6 +194,7 @@ class KataItem(pytest.Item):
         else:
             settings = self.config.stash[SETTINGS]
             result = run_check(self.check, ctx, mistakes.load(self.kata.id), settings["timeout"])
+        self.result = result
         self.config.stash[RESULTS].setdefault(self.kata.id, []).append(result)
         if not result.passed:
             raise KataFailed(result)
