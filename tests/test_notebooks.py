@@ -11,7 +11,7 @@ import sys
 import nbformat
 import pytest
 
-from grader import checks, manifest, notebooks
+from grader import checks, manifest, notebooks, pictures
 
 ROOT = manifest.REPO_ROOT
 KATAS = [k for k in manifest.load().values() if notebooks.available(k)]
@@ -103,7 +103,7 @@ def test_pictures_are_drawn_headless_from_the_references():
     for kata_id, picture in notebooks.PICTURES.items():
         if notebooks.picture_for(manifest.get(kata_id)) is None:
             continue  # that kata's reference is not written yet
-        fig = getattr(notebooks, picture.function)(**small.get(picture.function, {}))
+        fig = getattr(pictures, picture.function)(**small.get(picture.function, {}))
         assert fig.axes and all(ax.has_data() for ax in fig.axes), picture.function
         png = io.BytesIO()
         fig.savefig(png, format="png")
@@ -111,7 +111,7 @@ def test_pictures_are_drawn_headless_from_the_references():
         matplotlib.pyplot.close(fig)
         drawn += 1
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MPLBACKEND")}
-    backend = subprocess.run([sys.executable, "-c", "from grader import notebooks; print(notebooks._pyplot().get_backend())"],
+    backend = subprocess.run([sys.executable, "-c", "from grader import pictures; print(pictures._pyplot().get_backend())"],
                              cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert backend.lower() == "agg"
 
