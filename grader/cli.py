@@ -21,7 +21,8 @@ import sys
 from grader import learner, manifest, sessions, state
 from grader.errors import UsageError
 
-DELEGATED = {"bench": "grader.bench", "notebooks": "grader.notebooks"}  # subcommands with their own parser
+DELEGATED = {"bench": "grader.bench", "notebooks": "grader.notebooks",  # subcommands with their own parser
+             "generate": "grader.playground"}
 
 
 # -- the board ------------------------------------------------------------------------------
@@ -241,7 +242,7 @@ def _classroom_commands(command) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvkata", description="KV-cache katas: the board, hints, interview practice "
-                                "and classroom grading.", epilog="Also: kvkata bench, kvkata notebooks (see --help of each).")
+                                "and classroom grading.", epilog="Also: kvkata bench, kvkata notebooks, kvkata generate (see --help of each).")
     p.set_defaults(run=cmd_board)
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
