@@ -26,13 +26,13 @@ from hypothesis import strategies as st
 from grader import report
 from grader.targets import Target
 
-_UNSET = object()
+UNSET = object()  # "observed" not given: a failure no known mistake can be matched against
 
 
 class Failure(Exception):
     """The learner's code behaved wrongly on one input. ``observed`` is what it produced."""
 
-    def __init__(self, message: str, observed=_UNSET):
+    def __init__(self, message: str, observed=UNSET):
         super().__init__(message)
         self.message = message
         self.observed = observed
@@ -176,7 +176,7 @@ class Ctx:
             head = f"{what}\n  " if what else ""
             raise Failure(f"{head}on input {report.describe_input(example)}\n  {problem}", observed=got)
 
-    def fail(self, message: str, example: dict | None = None, observed=_UNSET) -> None:
+    def fail(self, message: str, example: dict | None = None, observed=UNSET) -> None:
         where = f"on input {report.describe_input(example)}\n  " if example is not None else ""
         raise Failure(f"{where}{message}", observed)
 
@@ -239,7 +239,7 @@ def run_body(ctx: Ctx, body: Callable, example) -> None:
             failure.message = f"on input {report.describe_input(example)}\n  {failure.message}"
         raise
     except NotImplementedError as exc:
-        name = _innermost_learner_function(exc, ctx.target)
+        name = innermost_learner_function(exc, ctx.target)
         if name is None:
             raise _crash(exc, ctx, example, body) from None
         raise NotImplementedYet(name) from None
@@ -261,7 +261,7 @@ def _crash(exc: BaseException, ctx: Ctx, example, body) -> Failure:
     return failure
 
 
-def _innermost_learner_function(exc: BaseException, target: Target) -> str | None:
+def innermost_learner_function(exc: BaseException, target: Target) -> str | None:
     """The learner function that raised NotImplementedError itself (a stub), else None.
 
     A NotImplementedError raised inside a library the learner called is a crash, not a stub.
@@ -349,7 +349,7 @@ def _failed(check: Check, failure: Failure, ctx: Ctx, mistakes, started: float) 
 
 def diagnose(failure: Failure, ctx: Ctx, mistakes) -> list:
     """The known mistakes that behave exactly like the learner's code on the failing input."""
-    if failure.observed is _UNSET or failure.body is None:
+    if failure.observed is UNSET or failure.body is None:
         return []
     if isinstance(failure.observed, tuple) and failure.observed[:1] == ("grader-hit",):
         return []  # the grader tripped over an odd result: every mistake would "match"
@@ -359,7 +359,7 @@ def diagnose(failure: Failure, ctx: Ctx, mistakes) -> list:
             with time_limit(10.0):
                 run_body(ctx.with_target(target), failure.body, failure.example)
         except Failure as theirs:
-            if theirs.observed is not _UNSET and report.compare(failure.observed, theirs.observed) is None:
+            if theirs.observed is not UNSET and report.compare(failure.observed, theirs.observed) is None:
                 found.append(mistake)
         except KeyboardInterrupt:
             raise

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from grader.engine import _innermost_learner_function
+from grader.engine import innermost_learner_function
 from grader.targets import Target
 
 OPAQUE = "__kvkata_opaque__"
@@ -107,7 +107,7 @@ def describe_exception(exc: BaseException, target: Target) -> dict:
         text = "<an exception whose message could not be read>"
     return {"type": type(exc).__name__, "bases": bases, "text": text, "args": args,
             "trace": "".join(traceback.format_list(frames)).rstrip(),
-            "innermost": _innermost_learner_function(exc, target)}
+            "innermost": innermost_learner_function(exc, target)}
 
 
 class Replayed:

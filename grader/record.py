@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from grader.engine import _UNSET, CheckTimeout, Ctx, Failure, NotImplementedYet, run_body
+from grader.engine import UNSET, CheckTimeout, Ctx, Failure, NotImplementedYet, run_body
 from grader.plain import describe_exception, observation, same
 from grader.targets import Target
 
@@ -55,7 +55,7 @@ class RecordingCtx(Ctx):
                 run_body(ctx, body, example)
                 now["outcome"] = {"kind": "pass"}
             except Failure as failure:  # recorded, not acted on: the same examples must follow
-                has = failure.observed is not _UNSET
+                has = failure.observed is not UNSET
                 now["outcome"] = {"kind": "fail", "message": failure.message, "has_observed": has,
                                   "observed": observation(failure.observed) if has else None}
             except NotImplementedYet as exc:

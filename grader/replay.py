@@ -16,7 +16,7 @@ import inspect
 import torch
 
 from grader import report
-from grader.engine import _UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet
+from grader.engine import UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet
 from grader.plain import Replayed, is_data, opaque, rebuild_exception
 from grader.engine import same_draws
 from grader.record import example_key, is_function
@@ -94,7 +94,7 @@ class ReplayCtx(Ctx):
         if kind == "not-implemented":
             raise NotImplementedYet(str(outcome.get("name")))
         if kind == "fail":
-            self._raise(Failure(str(outcome.get("message")), outcome.get("observed") if outcome.get("has_observed") else _UNSET))
+            self._raise(Failure(str(outcome.get("message")), outcome.get("observed") if outcome.get("has_observed") else UNSET))
         self._raise(Failure(UNVERIFIED.format(why="a value to compare is missing")))
 
     def differential(self, example: dict, run, what: str = "") -> None:
