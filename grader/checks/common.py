@@ -118,3 +118,14 @@ def chunks_and_whole(layer, ctx, x, lengths):
     seen, _ = run_chunks(layer, ctx, x, lengths)
     seen["output of one uncached forward over all the tokens"] = expect_pair(ctx.call(layer, x), "forward(x)")[0]
     return seen
+
+
+def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The checks' oracle: softmax(q K^T / sqrt(D)) V, written out, on any leading axes.
+
+    q (..., T, D); K, V (..., S, D); ``mask`` bool, broadcastable to (..., T, S), True = may attend.
+    """
+    scores = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ V  # (..., T, D)

@@ -7,14 +7,13 @@ so a failure shows the operations that led to it, shrunk by Hypothesis to a shor
 """
 from __future__ import annotations
 
-import math
 import traceback
 
 import torch
 from hypothesis import strategies as st
 
 from grader import report
-from grader.checks.common import DTYPES, SEEDS, randn, value_error_names
+from grader.checks.common import DTYPES, SEEDS, attention, randn, value_error_names
 from grader.engine import Checks, Failure
 
 CHECKS = Checks("05")
@@ -100,14 +99,6 @@ def _same(c, ex, where, expected, got):
     problem = report.compare(expected, got)
     if problem:
         c.fail(f"after {where}:\n  {problem}", ex, (where, got))
-
-
-def _attend(q, K, V, mask):
-    """softmax(q K^T / sqrt(D), masked) V for q (B, H, T, D), K and V (B, H, S, D), mask (T, S)."""
-    scores = (q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, float("-inf"))  # (B, H, T, S)
-    # Softmax by hand: torch.softmax enters an OpenMP region that costs ~10 ms on a busy CPU.
-    weights = (scores - scores.amax(-1, keepdim=True)).exp()
-    return weights / weights.sum(-1, keepdim=True) @ V  # (B, H, T, D)
 
 
 def _run(c, ex, watch):
@@ -199,8 +190,8 @@ def _attention(c, ex, i, where, cache, model, layer, length, K, V):
                (where, "mask", report.describe(mask)))
     q, what = randn(seed + 2, B, H, length, D, dtype=ex["dtype"], device=c.device), "attention with your mask"
     _same(c, ex, f"{where} (unfilled slots then filled with values of size ~{GARBAGE:g})",
-          {what: _attend(q, *model.filled(layer), model.mask(length, layer, width=p))},
-          {what: _attend(q, K, V, mask.to(c.device))})
+          {what: attention(q, *model.filled(layer), model.mask(length, layer, width=p))},
+          {what: attention(q, K, V, mask.to(c.device))})
 
 
 def _overflow(c, ex, where, cache, op, kv):

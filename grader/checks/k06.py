@@ -15,7 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
-from grader.checks.common import DTYPES, SEEDS, randn, value_error_names
+from grader.checks.common import DTYPES, SEEDS, attention, randn, value_error_names
 from grader.checks.paged_programs import Replay, kv_dict, new_kv, programs, replay
 from grader.engine import Checks
 
@@ -118,14 +118,6 @@ def out_of_blocks(ctx):
     ctx.forall(programs(blocks=(2, 5), max_ops=8, max_reserve=8), replay, max_examples=15)
 
 
-def _attend(q, K, V):
-    """Plain attention of queries (H, Tq, D) over keys and values (H, S, D)."""
-    scores = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (H, Tq, S)
-    # softmax by hand: torch.softmax on tiny CPU tensors can cost milliseconds a call on a busy machine
-    weights = (scores - scores.amax(-1, keepdim=True)).exp()
-    return weights / weights.sum(-1, keepdim=True) @ V  # (H, Tq, D)
-
-
 @CHECKS.add("attention over the pages, read through the block table, equals attention over a contiguous cache",
             uses="PagedKVCache.gather")
 def attention_over_pages(ctx):
@@ -148,10 +140,10 @@ def attention_over_pages(ctx):
                 # what a paged-attention kernel does: read each block of the table from the pages
                 K = cache.k_pages[layer][table].transpose(0, 1).reshape(H, -1, D)[:, :length]  # (H, S, D)
                 V = cache.v_pages[layer][table].transpose(0, 1).reshape(H, -1, D)[:, :length]  # (H, S, D)
-                got = {"through the block table": _attend(q, K, V),
-                       "over gather()": _attend(q, *cache.gather(seq, layer))}
+                got = {"through the block table": attention(q, K, V),
+                       "over gather()": attention(q, *cache.gather(seq, layer))}
                 for via, out in got.items():
-                    problem = report.compare(_attend(q, want["K"], want["V"]), out)
+                    problem = report.compare(attention(q, want["K"], want["V"]), out)
                     if problem:
                         r.fail(f"attention of sequence {seq}, layer {layer}, {via}, differs from attention over the "
                                f"contiguous keys and values written:\n  {problem}", ("attention", via, seq, layer))
