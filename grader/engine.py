@@ -342,7 +342,8 @@ def _failed(check: Check, failure: Failure, ctx: Ctx, mistakes, started: float) 
     diagnoses = diagnose(failure, ctx, mistakes)
     message = failure.message
     for mistake in diagnoses:
-        why = mistake.why[:1].upper() + mistake.why[1:]
+        first = mistake.why.split(" ", 1)[0]
+        why = mistake.why[:1].upper() + mistake.why[1:] if first.isalpha() else mistake.why  # not "X.repeat"
         message += "\n  " + report.DIAGNOSIS.format(name=mistake.name, why=why, hint=mistake.hint)
     return Result(check, "fail", message, [m.name for m in diagnoses], time.perf_counter() - started)
 
