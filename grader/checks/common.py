@@ -113,6 +113,11 @@ def run_chunks(layer, ctx, x, lengths):
     return seen, cache
 
 
+def hidden_states(ex: dict, device) -> torch.Tensor:
+    """The tokens of an attention example: (batch, sum(lengths), d_model), drawn from its seed."""
+    return randn(ex["seed"] + 7, ex["batch"], sum(ex["lengths"]), ex["d_model"], dtype=ex["dtype"], device=device)
+
+
 def chunks_and_whole(layer, ctx, x, lengths):
     """``run_chunks``, then one uncached forward over every token: a cache must not change outputs."""
     seen, _ = run_chunks(layer, ctx, x, lengths)

@@ -5,8 +5,8 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
-from grader.checks.common import (DTYPES, SEEDS, chunks, chunks_and_whole, load_linears, named, randn, run_chunks,
-                                  value_error_names)
+from grader.checks.common import (DTYPES, SEEDS, chunks, chunks_and_whole, hidden_states, load_linears, named,
+                                  run_chunks, value_error_names)
 from grader.engine import Checks, Failure
 from grader.nn import apply_rope
 
@@ -98,12 +98,8 @@ def _layer(api, ex, device):
     return layer
 
 
-def _tokens(ex, device):
-    return randn(ex["seed"] + 7, ex["batch"], sum(ex["lengths"]), ex["d_model"], dtype=ex["dtype"], device=device)
-
-
 def _chunked(api, ctx, ex):
-    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, _tokens(ex, ctx.device), ex["lengths"])
+    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, hidden_states(ex, ctx.device), ex["lengths"])
 
 
 @CHECKS.add("RopeAttention prefill: causal attention with RoPE from position 0", uses="RopeAttention.forward")
@@ -128,7 +124,7 @@ def rope_chunked(ctx):
 @CHECKS.add("the cache stores keys rotated at their true positions", uses="RopeAttention.forward")
 def rope_cache_keys(ctx):
     def body(c, ex):
-        layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
+        layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         _, cache = run_chunks(layer, c, x, ex["lengths"])
         B, S, H = ex["batch"], x.shape[1], ex["n_heads"]
         with torch.no_grad():
@@ -148,7 +144,7 @@ def rope_cache_keys(ctx):
 @CHECKS.add("RopeAttention rejects bad input with a ValueError", uses="RopeAttention.forward")
 def rope_rejects_bad_input(ctx):
     def body(c, ex):
-        layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
+        layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
 

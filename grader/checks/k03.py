@@ -5,8 +5,8 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
-from grader.checks.common import (DTYPES, SEEDS, chunks, chunks_and_whole, count_rows, load_linears, named, randn,
-                                  run_chunks, value_error_names)
+from grader.checks.common import (DTYPES, SEEDS, chunks, chunks_and_whole, count_rows, hidden_states, load_linears,
+                                  named, randn, run_chunks, value_error_names)
 from grader.engine import Checks, Failure
 
 CHECKS = Checks("03")
@@ -103,12 +103,8 @@ def _layer(api, ex, device):
     return layer
 
 
-def _tokens(ex, device):
-    return randn(ex["seed"] + 7, ex["batch"], sum(ex["lengths"]), ex["d_model"], dtype=ex["dtype"], device=device)
-
-
 def _chunked(api, ctx, ex):
-    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, _tokens(ex, ctx.device), ex["lengths"])
+    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, hidden_states(ex, ctx.device), ex["lengths"])
 
 
 @CHECKS.add("GQAttention declares wq, wk, wv, wo with the grouped-query shapes", uses="GQAttention")
@@ -162,7 +158,7 @@ def gqa_chunked(ctx):
 @CHECKS.add("the cache holds n_kv_heads heads, not n_q_heads", uses="GQAttention.forward")
 def gqa_cache_heads(ctx):
     def body(c, ex):
-        layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
+        layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         _, cache = run_chunks(layer, c, x, ex["lengths"])
         want = (ex["batch"], ex["n_kv_heads"], x.shape[1], ex["head_dim"] or ex["d_model"] // ex["n_q_heads"])
         pair = named(cache)
@@ -183,7 +179,7 @@ def gqa_cache_heads(ctx):
 @CHECKS.add("each call projects only its new tokens", uses="GQAttention.forward")
 def gqa_projects_new_tokens(ctx):
     def body(c, ex):
-        layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
+        layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         cache, start = None, 0
         for n in ex["lengths"]:
             with count_rows(layer, ["wq", "wk", "wv"]) as rows:
@@ -203,7 +199,7 @@ def gqa_projects_new_tokens(ctx):
 @CHECKS.add("GQAttention rejects bad input with a ValueError", uses="GQAttention.forward")
 def gqa_rejects_bad_input(ctx):
     def body(c, ex):
-        layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
+        layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
 
