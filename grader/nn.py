@@ -23,23 +23,26 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0, device=None, dtype=torch
     return (base ** -exponents).to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the last axis, halves taken as the first and second half."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles ``positions * inv_freq``, each (..., T, D), in ``inv_freq``'s dtype."""
-    angles = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (..., T, D/2)
-    angles = torch.cat((angles, angles), dim=-1)  # (..., T, D)
+    """cos and *signed* sin of the angles ``positions * inv_freq``, each (..., T, D), in ``inv_freq``'s dtype.
+
+    The angles use the frequencies (-f, f) rather than (f, f): cos(-a) = cos(a) and sin(-a) = -sin(a),
+    so the sin comes with its first half negated, ready for ``rotate``.
+    """
+    half = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (..., T, D/2)
+    angles = torch.cat((-half, half), dim=-1)  # (..., T, D)
     return angles.cos(), angles.sin()
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin``, computed in ``cos``'s dtype, returned in ``x``'s."""
-    work = x.to(cos.dtype)
-    return (work * cos + rotate_half(work) * sin).to(x.dtype)
+    """Rotate-half RoPE, ``x * cos + rotate_half(x) * sin``, in three dispatches.
+
+    With ``sin`` signed as ``rope_cos_sin`` gives it, rotate_half(x) * sin equals x with its halves
+    swapped (a roll) times the signed sin. Computed in ``cos``'s dtype, returned in ``x``'s.
+    """
+    work = x if x.dtype == cos.dtype else x.to(cos.dtype)
+    out = torch.addcmul(work * cos, work.roll(work.shape[-1] // 2, -1), sin)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -176,14 +179,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``rotate(x, cos, sin_plain)`` in three dispatches, given ``sin`` with its first half negated:
-    rotate_half(x) * sin_plain == (x with its halves swapped) * sin."""
-    work = x if x.dtype == cos.dtype else x.to(cos.dtype)
-    out = torch.addcmul(work * cos, work.roll(work.shape[-1] // 2, -1), sin)
-    return out if out.dtype == x.dtype else out.to(x.dtype)
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int):
         super().__init__()
@@ -196,13 +191,13 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(inner, width, bias=False)
 
     def forward(self, x, cos, sin, cache=None, mask=None) -> torch.Tensor:
-        """x (B, T, hidden); cos, sin (B, 1, T, D), sin's first half negated (see Llama._rope);
+        """x (B, T, hidden); cos, sin (B, 1, T, D), sin signed as rope_cos_sin gives it;
         mask (B, 1, T, S), bool or additive float, or None -> (B, T, hidden)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_q, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)  # keys are cached already rotated
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # keys are cached already rotated
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, D)
         out = attend(q, k, v, mask)  # (B, Hq, T, D)
@@ -296,17 +291,12 @@ class Llama(nn.Module):
         return self.lm_head(self.model.norm(h))  # (B, T, V)
 
     def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (B, 1, T, D) of ``position_ids`` (B, T), sin's first half negated for ``_rotate``.
-
-        Angles use the frequencies (-f, f) rather than (f, f): cos(-a) = cos(a), sin(-a) = -sin(a).
-        """
+        """cos and signed sin (B, 1, T, D) of ``position_ids`` (B, T), for ``rotate``."""
         work = torch.float64 if self.dtype == torch.float64 else torch.float32
         key = (position_ids.device, work)
         if key not in self._inv_freq_on:
-            inv_freq = self._inv_freq.to(device=position_ids.device, dtype=work)
-            self._inv_freq_on[key] = torch.cat((-inv_freq, inv_freq))  # (D,)
-        angles = position_ids[:, None, :, None].to(work) * self._inv_freq_on[key]  # (B, 1, T, D)
-        return angles.cos(), angles.sin()
+            self._inv_freq_on[key] = self._inv_freq.to(device=position_ids.device, dtype=work)  # (D/2,)
+        return rope_cos_sin(position_ids[:, None], self._inv_freq_on[key])
 
     # -- files -------------------------------------------------------------------------------
     @classmethod
