@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from grader import manifest, targets
+from grader.nn import attend
 
 HEADS, HEAD_DIM = 8, 64
 GENERATE_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -65,10 +66,6 @@ def _median_us(fn, repeats: int, device: torch.device) -> float:
 
 
 # -- 1. append ------------------------------------------------------------------------------
-def _attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ V
-
-
 def _append_cases(tokens: int, steps: int, device: torch.device):
     """For each cache kind: (name, append one token, append then attend), prefilled to ``tokens``."""
     dtype, B = torch.float32, 1
@@ -81,7 +78,7 @@ def _append_cases(tokens: int, steps: int, device: torch.device):
 
     dynamic = k01["DynamicKVCache"]()
     dynamic.update(0, prompt, prompt)
-    yield "concat", lambda: dynamic.update(0, one, one), lambda: _attend(q, *dynamic.update(0, one, one))
+    yield "concat", lambda: dynamic.update(0, one, one), lambda: attend(q, *dynamic.update(0, one, one))
 
     static = k05["StaticKVCache"](1, B, tokens + 4 * steps + 4, HEADS, HEAD_DIM, dtype=dtype, device=device)
     static.update(0, prompt, prompt)
@@ -95,7 +92,7 @@ def _append_cases(tokens: int, steps: int, device: torch.device):
     def static_attend():
         K, V = static_step()
         n = static.seq_len(0)
-        return _attend(q, K[:, :, :n], V[:, :, :n])
+        return attend(q, K[:, :, :n], V[:, :, :n])
 
     yield "preallocated", static_step, static_attend
 
@@ -115,7 +112,7 @@ def _append_cases(tokens: int, steps: int, device: torch.device):
         def paged_attend(paged=paged, step=paged_step):
             step()
             K, V = paged.gather(0, 0)  # (H, S, D)
-            return _attend(q[0], K, V)
+            return attend(q, K[None], V[None])  # (1, H, 1, D)
 
         yield f"paged-{block}", paged_step, paged_attend
 
@@ -123,11 +120,11 @@ def _append_cases(tokens: int, steps: int, device: torch.device):
 def bench_append(lengths: list[int], steps: int, device: torch.device, progress: Progress) -> list[dict]:
     rows = []
     for tokens in lengths:
-        for name, step, attend in _append_cases(tokens, steps, device):
+        for name, step, step_and_attend in _append_cases(tokens, steps, device):
             for _ in range(3):
-                step(), attend()  # warm up allocator and kernels
+                step(), step_and_attend()  # warm up allocator and kernels
             row = {"cache": name, "tokens": tokens, "step_us": round(_median_us(step, steps, device), 2),
-                   "attend_us": round(_median_us(attend, steps, device), 2)}
+                   "attend_us": round(_median_us(step_and_attend, steps, device), 2)}
             rows.append(row)
             progress.step(f"append {name:>12} at {tokens:>6} tokens", f"{row['step_us']:9.1f} µs append, "
                           f"{row['attend_us']:9.1f} µs with attention")
