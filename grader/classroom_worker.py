@@ -2,13 +2,18 @@
 
 ``python -m grader.classroom_worker SPEC.json`` — started by grader.cohort, never by hand. It
 
-1. limits itself (address space, size of any file it writes, no core dumps);
+1. limits the size of any file it writes, and core dumps;
 2. imports torch, the kata's checks and the reference, and warms the device up;
 3. takes a snapshot of the grader's, torch's and the builtins' functions, and installs an audit
    hook (which cannot be removed): it writes only inside its sandbox, never reads solutions/, the
    mistake catalogue or other submissions, starts no process, signals no other process, uses no
    ctypes, tracing, heap walking or network;
-4. imports the learner's file (a copy in the sandbox) and runs every check with a RecordingCtx,
+4. writes ``out/ready.pt``: from here on, whatever goes wrong is the submission's doing. A worker
+   that dies before it could not even start, and the parent reports that as the grader's error;
+5. caps its address space at what it maps now plus the memory budget, so the budget limits what
+   the learner's code allocates, not torch's own libraries (the CUDA build maps gigabytes at
+   import); on a CUDA device the learner's device memory is capped at the budget too;
+6. imports the learner's file (a copy in the sandbox) and runs every check with a RecordingCtx,
    writing one record a check into ``out/`` (plain data, see grader.plain), with what the audit hook
    and the snapshot found.
 
@@ -46,14 +51,41 @@ WATCHED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.functional
                    "json", "signal", "hypothesis", "hypothesis.core", "hypothesis.control")
 
 
-def limit(spec: dict) -> None:
-    """Address space, file size and core dumps, soft and hard (the learner's code cannot raise them)."""
-    for name, megabytes in (("RLIMIT_AS", spec.get("memory_mb")), ("RLIMIT_FSIZE", spec.get("file_mb"))):
-        if megabytes:
-            size = int(megabytes) * 2**20
-            resource.setrlimit(getattr(resource, name), (size, size))
+def limit_files(spec: dict) -> None:
+    """File size and core dumps, soft and hard (the learner's code cannot raise them)."""
+    if spec.get("file_mb"):
+        size = int(spec["file_mb"]) * 2**20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
+
+
+def mapped_bytes() -> int | None:
+    """The address space this process maps now (Linux: VmSize), or None where it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def limit_memory(spec: dict, device) -> None:
+    """Cap the address space at what is mapped now plus the budget (soft and hard, so the learner's
+    code cannot raise it); on CUDA, cap the caching allocator at the budget as well."""
+    budget = int(spec.get("memory_mb") or 0) * 2**20
+    if not budget:
+        return
+    if device.type == "cuda":
+        import torch
+
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    mapped = mapped_bytes()
+    if mapped is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + budget, mapped + budget))
 
 
 # -- the snapshot ---------------------------------------------------------------------------
@@ -221,7 +253,7 @@ def run_checks(spec: dict, target, reference, device, kata_checks, guard: Guard)
 
 def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text(encoding="utf-8"))
-    limit(spec)
+    limit_files(spec)
     import torch
 
     from grader import checks, manifest, targets
@@ -234,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     warm_up(device)
     guard = Guard(spec)
     out, label = Path(spec["out"]), spec["label"]
+    guard.save(out / "ready.pt", {})
+    limit_memory(spec, device)
     try:
         source = Path(spec["file"]).read_text(encoding="utf-8", errors="replace")
         target = targets.from_source(source, label, label)

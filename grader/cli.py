@@ -2,6 +2,7 @@
 
     kvkata                        the board: every kata by level, your latest results, the next step
     kvkata check [NN]             grade one kata (or all) like ``pytest katas/NN``; updates the board
+    kvkata watch [NN]             re-grade a kata each time you save its file (grader.watch)
     kvkata hint NN [--all]        the next hint of a kata's ladder
     kvkata reset NN | --all       put the untouched stub back (your file is backed up first)
     kvkata solution NN [--force]  the diff from stub to reference, once the kata passes
@@ -89,6 +90,14 @@ def cmd_check(args) -> int:
     if not args.kata:
         print(board())
     return code
+
+
+def cmd_watch(args) -> int:
+    from grader import watch
+
+    if args.interval <= 0 or (args.timeout is not None and args.timeout <= 0):
+        raise UsageError("--interval and --timeout must be positive")
+    return watch.run(args.kata, args.poll, args.interval, args.seed, args.timeout or watch.CHECK_TIMEOUT)
 
 
 def cmd_hint(args) -> int:
@@ -192,6 +201,13 @@ def _learner_commands(command) -> None:
     c.add_argument("kata", nargs="?", help="kata id, e.g. 01; none: every kata")
     c.add_argument("--seed", type=int, default=0)
     _grading_options(c)
+    c = command("watch", cmd_watch, "re-grade a kata each time you save its file; moves on when it passes")
+    c.add_argument("kata", nargs="?", help="kata id to start with (default: the first that does not pass)")
+    c.add_argument("--poll", action="store_true", help="poll the files instead of using file notifications")
+    c.add_argument("--interval", type=float, default=0.5, help="seconds between polls (default 0.5)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--timeout", type=float, default=None,
+                   help="seconds one check may run (default 10; a hang is stopped, the watcher goes on)")
     c = command("hint", cmd_hint, "the next hint of a kata (counted in an open interview session)")
     c.add_argument("kata", nargs="?")
     c.add_argument("--all", action="store_true", help="every hint of the kata")
@@ -232,9 +248,10 @@ def _classroom_commands(command) -> None:
     c.add_argument("--json", metavar="FILE", help="every row with every check's result")
     c.add_argument("--junit", metavar="FILE", help="JUnit XML, a test case per kata × check")
     c.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="workers at a time")
-    c.add_argument("--timeout", type=float, default=60.0, help="seconds a submission × kata may run (default 60)")
+    c.add_argument("--timeout", type=float, default=60.0, help="seconds a submission × kata may run once the grader has started (default 60)")
     c.add_argument("--memory", type=int, default=4096,
-                   help="MB of address space a worker may use (default 4096; not applied with --device cuda)")
+                   help="MB the submission's code may allocate beyond the grader's own (default 4096; "
+                   "on CUDA the device memory too)")
     c.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

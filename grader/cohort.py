@@ -26,14 +26,16 @@ from pathlib import Path
 from grader import manifest
 
 OUTPUT_CAP = 64 * 1024  # bytes of a worker's output kept for the report
+WORKER = "grader.classroom_worker"  # the module each worker runs
 
 
 @dataclass
 class Settings:
     device: str = "cpu"
     seed: int = 0
-    timeout: float = 60.0  # seconds a submission × kata may run, start-up included
-    memory_mb: int | None = 4096  # address space of a worker; None: no limit
+    timeout: float = 60.0  # seconds a submission × kata may run, from the moment the grader has started
+    startup: float = 300.0  # seconds the grader may take to start in a worker (importing torch, warming up)
+    memory_mb: int | None = 4096  # what the learner's code may allocate, beyond the grader's own; None: no limit
     file_mb: int = 64  # the largest file a worker may write
     jobs: int = 1
 
@@ -55,6 +57,8 @@ class Run:
     seconds: float = 0.0
     output: bytes = b""
     output_bytes: int = 0
+    started: bool = False  # the grader started in the worker (out/ready.pt), so the learner's code may have run
+    startup_timed_out: bool = False
 
 
 def find_file(root: Path, kata: manifest.Kata) -> Path | None:
@@ -80,7 +84,7 @@ def _spec(job: Job, sandbox: Path, workdir: Path, roots: list[Path], settings: S
     root = manifest.REPO_ROOT
     return {"kata": job.kata.id, "file": str(sandbox / "submission" / job.kata.file), "label": job.kata.stub,
             "out": str(sandbox / "out"), "sandbox": str(sandbox), "device": settings.device, "seed": settings.seed,
-            "timeout": settings.timeout, "memory_mb": None if settings.device.startswith("cuda") else settings.memory_mb,
+            "timeout": settings.timeout, "memory_mb": settings.memory_mb,
             "file_mb": settings.file_mb, "threads": 1,
             "guarded": [str(root), str(manifest.PACKAGE_DIR), str(workdir)] + [str(r) for r in roots],
             "secret": [str(root / "solutions"), str(manifest.PACKAGE_DIR / "mistakes"), str(workdir)] + [str(r) for r in roots]}
@@ -102,24 +106,36 @@ def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings:
         (sandbox / sub).mkdir(parents=True)
     shutil.copyfile(job.file, sandbox / "submission" / job.kata.file)
     (sandbox / "spec.json").write_text(json.dumps(_spec(job, sandbox, workdir.resolve(), roots, settings)))
-    run, started = Run(job, sandbox), time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "grader.classroom_worker", str(sandbox / "spec.json")],
+    run = Run(job, sandbox)
+    proc = subprocess.Popen([sys.executable, "-m", WORKER, str(sandbox / "spec.json")],
                             cwd=sandbox, env=_environment(sandbox), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     live.add(proc)
     reader = threading.Thread(target=_drain, args=(proc.stdout, run), daemon=True)
     reader.start()
     try:
-        run.returncode = proc.wait(timeout=settings.timeout)
-    except subprocess.TimeoutExpired:
-        run.timed_out = True
-        kill(proc)
-        run.returncode = proc.wait()
+        wait(proc, run, settings)
     finally:
         live.discard(proc)
     reader.join(timeout=10)
-    run.seconds = time.monotonic() - started
     return run
+
+
+def wait(proc: subprocess.Popen, run: Run, settings: Settings) -> None:
+    """Wait for the worker: first for the grader to start (out/ready.pt), then, from that moment,
+    for the learner's time limit; kill it at whichever limit it reaches."""
+    ready, begun = run.sandbox / "out" / "ready.pt", time.monotonic()
+    while not ready.exists() and proc.poll() is None and time.monotonic() - begun < settings.startup:
+        time.sleep(0.02)
+    run.started = ready.exists()
+    started = time.monotonic()
+    try:
+        run.returncode = proc.wait(timeout=settings.timeout if run.started else 0.01)
+    except subprocess.TimeoutExpired:
+        run.timed_out, run.startup_timed_out = run.started, not run.started
+        kill(proc)
+        run.returncode = proc.wait()
+    run.seconds = time.monotonic() - (started if run.started else begun)
 
 
 def kill(proc: subprocess.Popen) -> None:

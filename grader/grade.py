@@ -71,11 +71,19 @@ def record(kata: manifest.Kata, results: list[Result], target_label: str, device
 
 
 def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> list[Result]:
-    """Grade names defined in a notebook and print a report; never raises for the learner's code."""
+    """Grade names defined in a notebook, print a report and update the board (as ``kvkata check``
+    does); never raises for the learner's code."""
+    from grader import state
+
     kata = manifest.get(kata_id)
-    results = grade(kata.id, targets.from_namespace(namespace), device=device)
+    picked = str(pick_device(device))
+    results = grade(kata.id, targets.from_namespace(namespace), device=picked)
     for r in results:
         mark = {"pass": "✓", "not-implemented": "·"}.get(r.status, "✗")
         print(f"{mark} {r.check.title}" + ("" if r.passed else f"\n  {r.message}"))
     print(summary(kata, results))
+    try:
+        state.save_results(record(kata, results, "notebook", picked))
+    except OSError as exc:  # a read-only folder must not stop the notebook
+        print(f"(the board was not updated: {exc})")
     return results

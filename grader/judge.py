@@ -17,6 +17,7 @@ from grader.replay import UNVERIFIED, NeedsLearner, ReplayCtx
 TAMPERED = "your code tampered with the grader ({what}); every check of this kata fails"
 NOT_RUN_TIME = "not run: the time limit of {seconds:g} s for this kata was reached"
 NOT_RUN_DIED = "not run: the process running your code died before this check ({how})"
+NOT_STARTED = "the grader could not start, so the submission was not run (not the student's fault): {why}"
 MISSING_FILE = "no {file} in this submission"
 KNOWN = ("pass", "fail", "not-implemented", "timeout", "error")
 
@@ -96,6 +97,14 @@ def results(run, settings) -> tuple[list[Result], list[str], dict | None, bool]:
     return made, sorted(map(str, found)), load, finished
 
 
+def startup_failure(run) -> str:
+    """Why a worker stopped before the learner's code ran: the last line it printed, and how it ended."""
+    if run.startup_timed_out:
+        return f"the worker did not start within {run.seconds:.0f} s"
+    lines = [line.strip() for line in run.output.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    return (f"{lines[-1][:300]} — " if lines else "") + f"the worker {_how(run)}"
+
+
 def status_and_note(run, made: list[Result], tamper: list[str], load: dict | None, finished: bool) -> tuple[str, str]:
     if run.timed_out:
         return "timeout", f"stopped at the time limit after {run.seconds:.0f} s"
@@ -127,6 +136,8 @@ def _row(job, made: list[Result], status: str, note: str, seconds: float) -> dic
 
 
 def row(run, settings) -> dict:
+    if not run.started:  # the learner's code never ran: nothing here is the student's doing
+        return broken_row(run.job, why=NOT_STARTED.format(why=startup_failure(run)), output=run.output)
     made, tamper, load, finished = results(run, settings)
     status, note = status_and_note(run, made, tamper, load, finished)
     if run.output_bytes > len(run.output):
@@ -143,10 +154,10 @@ def missing_row(job) -> dict:
     return entry
 
 
-def broken_row(job, exc: BaseException) -> dict:
+def broken_row(job, exc: BaseException | None = None, why: str = "", output: bytes = b"") -> dict:
     """The row of a submission × kata the grader itself could not run or judge (never the student's fault)."""
-    why = f"the grader could not grade this (not the student's fault; please report it): {type(exc).__name__}: {exc}"
+    why = why or f"the grader could not grade this (not the student's fault; please report it): {type(exc).__name__}: {exc}"
     made = [Result(c, "error", why) for c in checks.for_kata(job.kata.id).all]
-    entry = _row(job, made, "crash", why[:300], 0.0)
-    entry["output"] = ""
+    entry = _row(job, made, "grader-error", why[:400], 0.0)
+    entry["output"] = output.decode("utf-8", errors="replace")
     return entry

@@ -207,3 +207,34 @@ def test_a_forged_record_never_passes(tmp_path):
     assert any(compared) and all(not r.passed for r, c in zip(forged, compared) if c)
     empty = _replay([{"executions": {}} for _ in records])
     assert all(r.status == "fail" and NO_RECORD in r.message for r in empty)
+
+
+def _grade_one(tmp_path, source: str, **settings) -> dict:
+    """Grade one kata-01 submission in process (the workers are still separate processes)."""
+    from grader import classroom, cohort
+
+    (tmp_path / "sub" / "katas" / "01").mkdir(parents=True)
+    (tmp_path / "sub" / K01.stub).write_text(source)
+    jobs = classroom.jobs_for([str(tmp_path / "sub")], None, False)
+    return cohort.grade_all(jobs, cohort.Settings(**settings))[0]
+
+
+def test_a_grader_that_cannot_start_is_never_charged_to_the_student(tmp_path, monkeypatch):
+    from grader import cohort
+
+    monkeypatch.setattr(cohort, "WORKER", "grader.no_such_worker")  # as a broken install would fail
+    row = _grade_one(tmp_path, REFERENCE)
+    assert row["status"] == "grader-error" and row["passed"] == 0, row
+    assert "could not start" in row["note"] and "no_such_worker" in row["note"], row["note"]
+    assert all(c["status"] == "error" and "not the student's fault" in c["message"] for c in row["checks"])
+
+
+def test_the_default_memory_budget_is_the_students_not_torchs(tmp_path):
+    """With the default budget, a correct submission passes whichever torch build is installed, and
+    an allocation beyond the budget fails with the allocator's own message."""
+    hog = at_start("    hog = torch.empty(5 * 2**30, dtype=torch.uint8)\n")
+    row = _grade_one(tmp_path, hog, timeout=30)
+    assert row["status"] == "fail", row["note"]
+    assert any("allocate" in c["message"] for c in row["checks"]), [c["message"][:200] for c in row["checks"]]
+    fine = _grade_one(tmp_path / "fine", REFERENCE, timeout=30)
+    assert fine["status"] == "pass", fine["note"]

@@ -11,7 +11,7 @@ import sys
 import nbformat
 import pytest
 
-from grader import checks, manifest, notebooks, pictures
+from grader import checks, manifest, notebooks, pictures, state
 
 ROOT = manifest.REPO_ROOT
 KATAS = [k for k in manifest.load().values() if notebooks.available(k)]
@@ -128,13 +128,15 @@ def _with_solution_appended(kata) -> nbformat.NotebookNode:
     return nb
 
 
-async def _execute(nbs: dict) -> dict:
-    """Run the notebooks, a few kernels at a time (cwd notebooks/, as `jupyter lab notebooks/`);
-    returns what stopped any of them (a timeout, a dead kernel) by kata id."""
+async def _execute(nbs: dict, state_dir) -> dict:
+    """Run the notebooks, a few kernels at a time (cwd notebooks/, as `jupyter lab notebooks/`),
+    keeping the board they update in ``state_dir``; returns what stopped any of them (a timeout,
+    a dead kernel) by kata id."""
     from nbclient import NotebookClient
 
     gate = asyncio.Semaphore(CONCURRENT_KERNELS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two kernels on two cores: no thread oversubscription
+    # two kernels on two cores: no thread oversubscription
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KVKATA_STATE": str(state_dir)}
     stopped = {}
 
     async def one(kata_id, nb):
@@ -151,13 +153,16 @@ async def _execute(nbs: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def executed(request):
-    """Every notebook this session selected, executed once: {kata id: (notebook, what stopped it)}."""
+def executed(request, tmp_path_factory):
+    """Every notebook this session selected, executed once: {kata id: (notebook, what stopped it,
+    the board's saved results afterwards)}."""
     wanted = sorted({item.callspec.params["kata"].id for item in request.session.items
                      if item.originalname == "test_notebook_runs_untouched_and_solved"})
     nbs = {kata_id: _with_solution_appended(manifest.get(kata_id)) for kata_id in wanted}
-    stopped = asyncio.run(_execute(nbs))
-    return {kata_id: (nb, stopped.get(kata_id)) for kata_id, nb in nbs.items()}
+    state_dir = tmp_path_factory.mktemp("state")
+    stopped = asyncio.run(_execute(nbs, state_dir))
+    board = state.read_json(state_dir / state.RESULTS, {})
+    return {kata_id: (nb, stopped.get(kata_id), board) for kata_id, nb in nbs.items()}
 
 
 def _text(cell) -> str:
@@ -166,7 +171,7 @@ def _text(cell) -> str:
 
 @pytest.mark.parametrize("kata", KATAS, ids=IDS)
 def test_notebook_runs_untouched_and_solved(kata, executed):
-    nb, stopped = executed[kata.id]
+    nb, stopped, board = executed[kata.id]
     assert stopped is None, f"executing notebook {kata.id} stopped: {stopped!r}"
     errors = [f"cell {c.id}: {o.ename}: {o.evalue}" for c in nb.cells if c.cell_type == "code"
               for o in c.outputs if o.output_type == "error"]
@@ -178,6 +183,8 @@ def test_notebook_runs_untouched_and_solved(kata, executed):
     assert f"kata {kata.id}: 0/{total} checks pass" in untouched
     assert untouched.count("not implemented yet") == total
     assert f"kata {kata.id}: {total}/{total} checks pass" in solved, solved
+    saved = board.get(kata.id, {})  # the check cell updates the board, as `kvkata check` does
+    assert (saved.get("target"), saved.get("passed"), saved.get("total")) == ("notebook", total, total), saved
     for cell in nb.cells:
         if "picture" in cell.metadata.get("tags", []):
             assert any("image/png" in o.get("data", {}) for o in cell.outputs), f"no picture from {cell.source!r}"
