@@ -55,7 +55,7 @@ def katas_for(level: int, only: bool = False) -> list[manifest.Kata]:
 
 
 # -- assign ---------------------------------------------------------------------------------
-def _manifest_text(ids: set[str]) -> str:
+def manifest_text(ids: set[str]) -> str:
     """The manifest with only the handout's katas (their follow-ups stay with them)."""
     text = manifest.MANIFEST_FILE.read_text(encoding="utf-8")
     head, *blocks = re.split(r"(?m)^(?=\[\[kata\]\]\s*$)", text)
@@ -75,7 +75,7 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest, ignore=ignore)
-    (dest / "manifest.toml").write_text(_manifest_text(ids), encoding="utf-8")
+    (dest / "manifest.toml").write_text(manifest_text(ids), encoding="utf-8")
     for k in katas:
         stub, _ = learner.pristine_stub(k)
         state.write_atomic(dest / "pristine" / k.id / k.file, stub.encode("utf-8"))

@@ -251,8 +251,8 @@ def run_checks(spec: dict, target, reference, device, kata_checks, guard: Guard)
                    {"check": check.id, "status": status, "message": message, "executions": ctx.executions})
 
 
-def main(argv: list[str] | None = None) -> int:
-    spec = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text(encoding="utf-8"))
+def grade(spec: dict) -> int:
+    """Everything after the start: the grader's preparations, then the learner's file and the checks."""
     limit_files(spec)
     import torch
 
@@ -281,8 +281,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    code = main()
+def _read_spec(path: str) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _leave(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no atexit handler or finalizer of the learner's runs after the records
+
+
+def forked(spec_path: str) -> None:
+    """A worker forked from grader.cohort's warm server, already in its sandbox: grade, then leave
+    as the fresh process would."""
+    code = 1
+    try:
+        code = grade(_read_spec(spec_path))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    _leave(code)
+
+
+if __name__ == "__main__":
+    _leave(grade(_read_spec(sys.argv[1])))

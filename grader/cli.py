@@ -8,6 +8,7 @@
     kvkata solution NN [--force]  the diff from stub to reference, once the kata passes
     kvkata interview / submit / quiz / history     timed interview practice (grader.sessions)
     kvkata assign / grade         handouts and isolated grading of a cohort (grader.classroom)
+    kvkata autograder             a Gradescope autograder zip for a level (grader.autograder)
 
 Errors in how it is called print one line and exit with 2, never a traceback.
 """
@@ -189,6 +190,16 @@ def cmd_grade(args) -> int:
     return 0
 
 
+def cmd_autograder(args) -> int:
+    from grader import autograder
+
+    if args.timeout <= 0 or args.memory < 256:
+        raise UsageError("--timeout must be positive and --memory at least 256 (MB)")
+    print(autograder.build(args.level, args.out, args.only, args.visibility, args.stdout_visibility,
+                           args.timeout, args.memory))
+    return 0
+
+
 # -- the parser -----------------------------------------------------------------------------
 def _grading_options(c, device: str = "auto") -> None:
     c.add_argument("--device", default=device, help=f"auto, cpu or cuda (default {device})")
@@ -255,6 +266,16 @@ def _classroom_commands(command) -> None:
     c.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    c = command("autograder", cmd_autograder, "write a Gradescope autograder (a zip) for a level's katas")
+    c.add_argument("--level", type=int, required=True)
+    c.add_argument("--only", action="store_true", help="that level only (default: it and the levels below)")
+    c.add_argument("--out", default="autograder.zip", help="the zip to write (default autograder.zip)")
+    c.add_argument("--visibility", default="visible", help="when students see the test results: visible (default), "
+                   "hidden, after_due_date or after_published")
+    c.add_argument("--stdout-visibility", default="hidden", help="the same for the autograder's own output "
+                   "(default hidden)")
+    c.add_argument("--timeout", type=float, default=60.0, help="seconds a kata may run (default 60)")
+    c.add_argument("--memory", type=int, default=4096, help="MB the submission's code may allocate (default 4096)")
 
 
 def parser() -> argparse.ArgumentParser:

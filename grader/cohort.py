@@ -2,7 +2,10 @@
 
 Each submission × kata runs in a worker process of its own (grader.classroom_worker) with a time
 limit, a memory limit and an audit hook, in parallel, in a sandbox folder holding a copy of the
-submitted file. The worker only records what the learner's code did; this process — which never
+submitted file. Workers are forked from a warm server that has imported torch and the grader once
+(multiprocessing's forkserver), so a worker costs a fork instead of a Python start and a torch
+import; each one still gets its own process, session, folder, limits and audit hook, all applied
+after the fork. Where there is no forkserver (Windows), each worker is a fresh interpreter. The worker only records what the learner's code did; this process — which never
 runs learner code — replays the records against the reference (grader.replay) and makes the row.
 A worker that hangs, crashes, exits, floods its output or tampers with the grader gets an honest
 failing row; no worker can change another row or stop the run.
@@ -10,7 +13,10 @@ failing row; no worker can change another row or stop the run.
 from __future__ import annotations
 
 import collections
+import contextlib
+import importlib
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -38,6 +44,7 @@ class Settings:
     memory_mb: int | None = 4096  # what the learner's code may allocate, beyond the grader's own; None: no limit
     file_mb: int = 64  # the largest file a worker may write
     jobs: int = 1
+    warm: bool = "forkserver" in multiprocessing.get_all_start_methods()  # fork workers from a warm server
 
 
 @dataclass
@@ -100,6 +107,72 @@ def _drain(stream, run: Run) -> None:
     run.output = b"".join(kept)[:OUTPUT_CAP]
 
 
+class Forked:
+    """A worker forked from the warm server, with the face of subprocess.Popen that ``wait`` uses."""
+
+    def __init__(self, spec_path: Path, environment: dict):
+        context = multiprocessing.get_context("forkserver")
+        readable, writable = context.Pipe(duplex=False)
+        # daemon: a worker still alive when this process exits is killed, never waited for
+        self.process = context.Process(target=_forked_worker, args=(WORKER, str(spec_path), writable, environment),
+                                       daemon=True)
+        self.stdout = os.fdopen(os.dup(readable.fileno()), "rb", buffering=0)  # the worker's stdout and stderr
+        readable.close()
+        try:
+            self.process.start()
+        finally:
+            writable.close()
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(WORKER, timeout)
+        return self.process.exitcode
+
+
+def _forked_worker(worker: str, spec_path: str, output, environment: dict) -> None:
+    """In the forked child: become what a fresh ``python -m grader.classroom_worker`` would be (its
+    own session, output, folder and environment), then grade."""
+    os.setsid()  # its own process group, which the parent kills at the time limit
+    os.dup2(output.fileno(), 1)
+    os.dup2(output.fileno(), 2)
+    output.close()
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(Path(spec_path).parent)
+    importlib.import_module(worker).forked(spec_path)
+
+
+def start_server(katas: list[manifest.Kata]) -> None:
+    """Start the warm server (once per process): torch, the grader and the kata's checks imported,
+    with the environment a fresh worker would have had from its start."""
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        [WORKER, "grader.record", *[f"grader.checks.k{k.id}" for k in katas]])
+    fixed = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with _environ(fixed):
+        forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _environ(values: dict):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings: Settings, live: set) -> Run:
     sandbox = (workdir / f"{index:04d}").resolve()
     for sub in ("submission", "out", "tmp"):
@@ -107,9 +180,12 @@ def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings:
     shutil.copyfile(job.file, sandbox / "submission" / job.kata.file)
     (sandbox / "spec.json").write_text(json.dumps(_spec(job, sandbox, workdir.resolve(), roots, settings)))
     run = Run(job, sandbox)
-    proc = subprocess.Popen([sys.executable, "-m", WORKER, str(sandbox / "spec.json")],
-                            cwd=sandbox, env=_environment(sandbox), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    if settings.warm:
+        proc = Forked(sandbox / "spec.json", _environment(sandbox))
+    else:
+        proc = subprocess.Popen([sys.executable, "-m", WORKER, str(sandbox / "spec.json")],
+                                cwd=sandbox, env=_environment(sandbox), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     live.add(proc)
     reader = threading.Thread(target=_drain, args=(proc.stdout, run), daemon=True)
     reader.start()
@@ -138,12 +214,14 @@ def wait(proc: subprocess.Popen, run: Run, settings: Settings) -> None:
     run.seconds = time.monotonic() - (started if run.started else begun)
 
 
-def kill(proc: subprocess.Popen) -> None:
-    """Kill a worker and anything in its process group."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def kill(proc) -> None:
+    """Kill a worker and anything in its process group (the worker itself too, should it not have
+    made its own group yet)."""
+    for send in (os.killpg, os.kill):
+        try:
+            send(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 # -- rows -----------------------------------------------------------------------------------
@@ -153,6 +231,8 @@ def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
     from grader import judge
 
     roots = sorted({j.root.resolve() for j in jobs})
+    if settings.warm:
+        start_server(list({j.kata.id: j.kata for j in jobs}.values()))
     workdir = Path(tempfile.mkdtemp(prefix="kvkata-grade-"))
     rows: dict[int, dict] = {}
     live: set = set()

@@ -238,3 +238,15 @@ def test_the_default_memory_budget_is_the_students_not_torchs(tmp_path):
     assert any("allocate" in c["message"] for c in row["checks"]), [c["message"][:200] for c in row["checks"]]
     fine = _grade_one(tmp_path / "fine", REFERENCE, timeout=30)
     assert fine["status"] == "pass", fine["note"]
+
+
+def test_fresh_workers_give_the_same_rows_as_warm_ones(graded):
+    """Workers forked from the warm server and fresh interpreters grade alike, hostile code included."""
+    from grader import classroom, cohort
+
+    _, rows, _, tmp = graded
+    names = ["mistake", "exits", "memory", "tamperer", "hang"]
+    jobs = classroom.jobs_for([str(tmp / name) for name in names], None, False)
+    fresh = cohort.grade_all(jobs, cohort.Settings(jobs=2, timeout=10, memory_mb=2048, warm=False))
+    assert [(r["status"], str(r["passed"]), r["diagnosis"]) for r in fresh] == \
+        [(rows[n]["status"], rows[n]["passed"], rows[n]["diagnosis"]) for n in names]

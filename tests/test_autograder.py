@@ -1,0 +1,108 @@
+"""``kvkata autograder``: build the Gradescope zip, then run its real ``run_autograder`` under
+``KVKATA_AUTOGRADER_ROOT`` on a correct, a wrong, an empty, a hanging and a broken submission."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from grader import checks, manifest, mistakes
+from test_cli import K01, copy_repo, kvkata, usage_error
+
+REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
+MISTAKE = mistakes.catalogue("01")[0]
+LEVEL1 = [k for k in manifest.load().values() if k.level == 1]
+
+
+@pytest.fixture(scope="module")
+def autograder(tmp_path_factory) -> Path:
+    """The zip, built by the CLI from a copy of the repository, unpacked as Gradescope would."""
+    tmp = tmp_path_factory.mktemp("autograder")
+    repo = copy_repo(tmp / "repo")
+    zip_path = tmp / "autograder.zip"
+    made = kvkata(repo, "autograder", "--level", "1", "--only", "--out", str(zip_path), "--timeout", "10",
+                  "--visibility", "after_published")
+    assert made.returncode == 0, made.stderr
+    with zipfile.ZipFile(zip_path) as archive:
+        names = archive.namelist()
+        assert {"setup.sh", "run_autograder", "kvkata-autograder.json", "pyproject.toml"} <= set(names)
+        assert archive.getinfo("run_autograder").external_attr >> 16 & 0o111  # executable
+        assert f"solutions/01/{K01.file}" in names and "grader/checks/k05.py" not in names
+        archive.extractall(tmp / "source")
+    os.chmod(tmp / "source" / "run_autograder", 0o755)
+    return tmp / "source"
+
+
+def _run(source: Path, tmp_path: Path, files: dict[str, bytes]) -> dict:
+    root = tmp_path / "autograder"
+    (root / "submission").mkdir(parents=True)
+    for name, data in files.items():
+        (root / "submission" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "submission" / name).write_bytes(data)
+    os.symlink(source, root / "source")
+    env = {**os.environ, "KVKATA_AUTOGRADER_ROOT": str(root),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("PYTHONPATH", None)
+    ran = subprocess.run(["bash", str(root / "source" / "run_autograder")], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def _tests_of(results: dict, kata: str) -> list[dict]:
+    return [t for t in results["tests"] if t["number"].startswith(f"{kata}.")]
+
+
+def test_a_correct_file_alone_scores_every_check_of_its_kata(autograder, tmp_path):
+    results = _run(autograder, tmp_path, {K01.file: REFERENCE.encode()})
+    total = len(checks.for_kata("01").all)
+    ours = _tests_of(results, "01")
+    assert len(ours) == total and all(t["status"] == "passed" and t["score"] == t["max_score"] == 1.0 for t in ours)
+    assert results["score"] == total  # the other level-1 katas were not submitted: 0 points each
+    assert len(results["tests"]) == sum(len(checks.for_kata(k.id).all) for k in LEVEL1)
+    assert all(t["visibility"] == "after_published" for t in results["tests"])
+    assert {"score", "execution_time", "output", "tests", "stdout_visibility"} <= results.keys()
+    assert all({"name", "number", "score", "max_score", "status", "output"} <= t.keys() for t in results["tests"])
+
+
+def test_a_wrong_file_in_a_zipped_tree_fails_with_the_diagnosis(autograder, tmp_path):
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        archive.writestr(f"my-work/katas/01/{K01.file}", MISTAKE.apply(REFERENCE))
+    results = _run(autograder, tmp_path, {"work.zip": packed.getvalue()})
+    ours = _tests_of(results, "01")
+    assert any(t["status"] == "failed" for t in ours)
+    assert any(MISTAKE.name in t["output"] for t in ours)  # the hint reaches the student
+    assert 0 < results["score"] < len(ours)
+
+
+def test_an_empty_submission_scores_zero_and_says_what_to_upload(autograder, tmp_path):
+    results = _run(autograder, tmp_path, {})
+    assert results["score"] == 0 and all(t["status"] == "failed" for t in results["tests"])
+    assert f"katas/01/{K01.file}" in results["output"]
+
+
+def test_a_hanging_file_is_stopped_and_scored(autograder, tmp_path):
+    hang = REFERENCE.replace('    _expect_kv("k_new", k_new)\n', '    _expect_kv("k_new", k_new)\n    while True:\n        pass\n', 1)
+    results = _run(autograder, tmp_path, {f"katas/01/{K01.file}": hang.encode()})
+    assert "timeout" in results["output"] and results["score"] < len(_tests_of(results, "01"))
+
+
+def test_a_broken_autograder_still_writes_results(autograder, tmp_path):
+    broken = tmp_path / "broken-source"
+    broken.mkdir()
+    (broken / "run_autograder").write_text((autograder / "run_autograder").read_text())  # no grader beside it
+    results = _run(broken, tmp_path, {K01.file: b"x = 1\n"})
+    assert results["score"] == 0 and "could not run" in results["output"]
+
+
+def test_bad_options_are_usage_errors(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    usage_error(kvkata(repo, "autograder", "--level", "1", "--visibility", "sometimes"), "--visibility")
+    usage_error(kvkata(repo, "autograder", "--level", "9", "--only"), "--level 9")
