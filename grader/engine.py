@@ -38,6 +38,7 @@ class Failure(Exception):
         self.observed = observed
         self.example: dict | None = None
         self.body: Callable | None = None
+        self.site: int | None = None  # which forall/case call of the check failed, counting from 1
 
 
 class LearnerCrash(Failure):
@@ -62,6 +63,10 @@ class CheckTimeout(BaseException):
 
 class GraderBug(BaseException):
     """The reference itself failed: a bug in the kata, never the learner's fault."""
+
+
+class Unrecorded(BaseException):
+    """What the learner's code did on an input is not known (it was never run there)."""
 
 
 @dataclass
@@ -131,6 +136,11 @@ class Ctx:
         self.device = torch.device(device)
         self.seed = seed
         self.examples_scale = examples_scale
+        self.calls = 0  # forall/case calls of the running check so far
+        self.running: str | None = None  # the id of the running check
+        # call number -> (input, None or its Failure) in the order the running check ran them, until the
+        # call's first failure (what shrinking tries next is not recorded: it differs between processes)
+        self.seen: dict[int, list[tuple[object, Failure | None]]] = {}
 
     def with_target(self, target: Target) -> "Ctx":
         return Ctx(target, self.reference, self.device, self.seed, self.examples_scale)
@@ -139,29 +149,46 @@ class Ctx:
     def forall(self, strategy: st.SearchStrategy, body: Callable, max_examples: int = 20) -> None:
         """Run ``body(ctx, example)`` on inputs drawn by ``strategy``; the first failure shrinks."""
         ctx = self
+        self.calls += 1
+        number = self.calls
+        seen = self.seen.setdefault(number, [])
 
-        @settings(
-            max_examples=max(1, int(max_examples * self.examples_scale)),
-            deadline=None,
-            database=None,
-            derandomize=False,
-            phases=(Phase.explicit, Phase.generate, Phase.shrink),
-            suppress_health_check=list(HealthCheck),
-            report_multiple_bugs=False,
-            verbosity=Verbosity.quiet,
-            print_blob=False,
-        )
+        @self.hypothesis_settings(max_examples, (Phase.explicit, Phase.generate, Phase.shrink))
         @seed(self.seed)
         @given(strategy)
         def run(example):
-            run_body(ctx, body, example)
+            if seen and seen[-1][1] is not None:  # shrinking
+                return run_body(ctx, body, example)
+            try:
+                run_body(ctx, body, example)
+            except Failure as failure:
+                seen.append((example, failure))
+                raise
+            seen.append((example, None))
 
-        with same_draws():
+        with same_draws(), _site(number):
             run()
+
+    def hypothesis_settings(self, max_examples: int, phases) -> settings:
+        """How ``forall`` runs Hypothesis (grader.diagnosis draws the same examples again with it)."""
+        return settings(max_examples=max(1, int(max_examples * self.examples_scale)), deadline=None, database=None,
+                        derandomize=False, phases=phases, suppress_health_check=list(HealthCheck),
+                        report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)
 
     def case(self, example: dict, body: Callable) -> None:
         """One pinned input."""
-        run_body(self, body, example)
+        self.calls += 1
+        with _site(self.calls):
+            try:
+                run_body(self, body, example)
+            except Failure as failure:
+                self.seen[self.calls] = [(example, failure)]
+                raise
+        self.seen[self.calls] = [(example, None)]
+
+    def learner_body(self, number: int, body: Callable, check: str) -> Callable:
+        """``body`` of the ``number``-th forall/case call of ``check``, as it runs the learner's code here."""
+        return body
 
     # -- comparing --------------------------------------------------------------------------
     def differential(self, example: dict, run: Callable, what: str = "") -> None:
@@ -203,6 +230,17 @@ class Ctx:
                       example, ("raised", type(exc).__name__, what))
         self.fail(f"{what}: expected {error.__name__}, your code raised nothing", example,
                   ("no error", error.__name__, what))
+
+
+@contextmanager
+def _site(number: int):
+    """Tag a failure with the forall/case call it came from."""
+    try:
+        yield
+    except Failure as failure:
+        if failure.site is None:
+            failure.site = number
+        raise
 
 
 @contextmanager
@@ -321,6 +359,7 @@ def time_limit(seconds: float | None):
 def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0) -> Result:
     """Run one check; never raises for anything the learner's code does."""
     started = time.perf_counter()
+    ctx.calls, ctx.running, ctx.seen = 0, check.id, {}
     try:
         with time_limit(timeout):
             check.func(ctx)
@@ -339,7 +378,7 @@ def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0)
 
 
 def _failed(check: Check, failure: Failure, ctx: Ctx, mistakes, started: float) -> Result:
-    diagnoses = diagnose(failure, ctx, mistakes)
+    diagnoses = diagnose(failure, ctx, mistakes, check)
     message = failure.message
     for mistake in diagnoses:
         first = mistake.why.split(" ", 1)[0]
@@ -348,22 +387,8 @@ def _failed(check: Check, failure: Failure, ctx: Ctx, mistakes, started: float) 
     return Result(check, "fail", message, [m.name for m in diagnoses], time.perf_counter() - started)
 
 
-def diagnose(failure: Failure, ctx: Ctx, mistakes) -> list:
-    """The known mistakes that behave exactly like the learner's code on the failing input."""
-    if failure.observed is UNSET or failure.body is None:
-        return []
-    if isinstance(failure.observed, tuple) and failure.observed[:1] == ("grader-hit",):
-        return []  # the grader tripped over an odd result: every mistake would "match"
-    found = []
-    for mistake, target in mistakes:
-        try:
-            with time_limit(10.0):
-                run_body(ctx.with_target(target), failure.body, failure.example)
-        except Failure as theirs:
-            if theirs.observed is not UNSET and report.compare(failure.observed, theirs.observed) is None:
-                found.append(mistake)
-        except KeyboardInterrupt:
-            raise
-        except BaseException:  # a mistake that misbehaves otherwise tells us nothing here
-            continue
-    return found
+def diagnose(failure: Failure, ctx: Ctx, mistakes, check: Check | None = None) -> list:
+    """The known mistakes that behave exactly like the learner's code (see grader.diagnosis)."""
+    from grader import diagnosis  # it builds on this module
+
+    return diagnosis.diagnose(failure, ctx, mistakes, check)

@@ -42,14 +42,16 @@ def _read(path):
     return data if isinstance(data, dict) else {"unreadable": "not a record"}
 
 
-def judge_check(check, record: dict, settings, kata: manifest.Kata) -> Result:
-    """Replay one check; where replay needs the learner's objects, the worker's verdict stands."""
+def judge_check(check, record: dict, settings, kata: manifest.Kata, others: dict | None = None) -> Result:
+    """Replay one check; where replay needs the learner's objects, the worker's verdict stands.
+    ``others``: the records of the kata's other checks by check id, which naming a mistake may consult."""
     status, message = record.get("status"), str(record.get("message", ""))
     if status == "timeout":
         return Result(check, "timeout", message)
     executions = record.get("executions")
     ctx = ReplayCtx(executions if isinstance(executions, dict) else {}, kata.stub, _reference(kata.id),
                     settings.device, settings.seed)
+    ctx.others = {k: v["executions"] for k, v in (others or {}).items() if isinstance(v.get("executions"), dict)}
     try:
         return run_check(check, ctx, mistakes.load(kata.id), None)
     except NeedsLearner:
@@ -77,9 +79,11 @@ def results(run, settings) -> tuple[list[Result], list[str], dict | None, bool]:
     out = run.sandbox / "out"
     load, done = _read(out / "load.pt"), _read(out / "done.pt")
     found = _strings((load or {}).get("tamper")) | _strings((done or {}).get("tamper"))
-    made = []
-    for index, check in enumerate(checks.for_kata(kata.id).all):
-        record = _read(out / f"check-{index:03d}.pt")
+    made, kata_checks = [], checks.for_kata(kata.id).all
+    records = [_read(out / f"check-{index:03d}.pt") for index in range(len(kata_checks))]
+    others = {c.id: r for c, r in zip(kata_checks, records)
+              if isinstance(r, dict) and "unreadable" not in r and r.get("check") == c.id}
+    for check, record in zip(kata_checks, records):
         if load and "error" in load:
             made.append(Result(check, "fail", report.LOAD_FAILED.format(reason=load["error"])))
         elif record is None:
@@ -89,7 +93,7 @@ def results(run, settings) -> tuple[list[Result], list[str], dict | None, bool]:
             made.append(Result(check, "fail", UNVERIFIED.format(why=record.get("unreadable", "another check's record"))))
         else:
             found |= _strings(record.get("tamper"))
-            made.append(judge_check(check, record, settings, kata))
+            made.append(judge_check(check, record, settings, kata, others))
     if found:
         what = "; ".join(sorted(map(str, found)))[:500]
         made = [Result(r.check, "fail", TAMPERED.format(what=what)) for r in made]

@@ -16,7 +16,7 @@ import inspect
 import torch
 
 from grader import report
-from grader.engine import UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet
+from grader.engine import UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet, Unrecorded
 from grader.plain import Replayed, is_data, opaque, rebuild_exception
 from grader.engine import same_draws
 from grader.record import example_key, is_function
@@ -39,6 +39,7 @@ class ReplayCtx(Ctx):
         self.unrecorded: set[str] = set()  # inputs that failed for want of a record
         self.bodies = 0
         self.t = _Sealed()
+        self.others: dict[str, dict] = {}  # the records of the kata's other checks, by check id (for diagnosis)
 
     def forall(self, strategy, body, max_examples: int = 20) -> None:
         self.failing = False
@@ -53,14 +54,28 @@ class ReplayCtx(Ctx):
         self.failing = False
         super().case(example, self._replayed(body)[1])
 
+    def learner_body(self, number: int, body, check: str):
+        """``body`` replayed from the record of ``check``'s ``number``-th call; Unrecorded off the record."""
+        executions = self.executions if check == self.running else self.others.get(check)
+        if not isinstance(executions, dict):
+            executions = {}
+        replayed = self._replay(number, body, executions)
+
+        def recorded_only(ctx, example):
+            if ctx is self and example_key(number, example) not in executions:
+                raise Unrecorded()
+            return replayed(ctx, example)
+        return recorded_only
+
     def _replayed(self, body):
         self.bodies += 1
-        number = self.bodies
+        return self.bodies, self._replay(self.bodies, body)
 
+    def _replay(self, number: int, body, executions: dict | None = None):
         def replayed(ctx, example):
             if ctx is not self:  # diagnosing: a known mistake runs the real body
                 return body(ctx, example)
-            execution = self.executions.get(example_key(number, example))
+            execution = (self.executions if executions is None else executions).get(example_key(number, example))
             if execution is None:
                 self.unrecorded.add(example_key(number, example))
                 self._raise(Failure(NO_RECORD))
@@ -79,7 +94,7 @@ class ReplayCtx(Ctx):
                 raise
             finally:
                 self.cursor, self.t = outer, _Sealed()
-        return number, replayed
+        return replayed
 
     def _raise(self, exc: BaseException):
         self.failing = self.failing or isinstance(exc, Failure)
