@@ -19,6 +19,8 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0, device=None, dtype=torch
     """Inverse frequencies ``base ** (-arange(0, D, 2) / D)``, shape (D/2,)."""
     if head_dim <= 0 or head_dim % 2:
         raise ValueError(f"head_dim: expected a positive even number, got {head_dim}")
+    if not base > 0:  # a base of 0 or below gives infinite or complex angles
+        raise ValueError(f"base: expected a positive RoPE base (rope_base), got {base!r}")
     exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim
     return (base ** -exponents).to(dtype)
 

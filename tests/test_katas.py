@@ -2,13 +2,10 @@
 implemented", every known mistake is caught and named, and the manifest matches the folders."""
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 import torch
 
-from grader import checks, grade, manifest, mistakes
+from grader import checks, conformance, grade, manifest, mistakes
 
 ROOT = manifest.REPO_ROOT
 KATAS = list(manifest.load().values())
@@ -32,24 +29,9 @@ def test_manifest_and_folders_agree_both_ways():
         assert len(mistakes.catalogue(kata.id)) >= 4, f"kata {kata.id} has fewer than 4 known mistakes"
 
 
-def _public_api(path: Path) -> dict[str, str]:
-    """Public top-level names with their signatures (methods too, as Class.method)."""
-    tree = ast.parse(path.read_text())
-    api = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-            api[node.name] = ast.unparse(node.args)
-        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-            api[node.name] = ",".join(ast.unparse(b) for b in node.bases)
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and (not item.name.startswith("_") or item.name.startswith("__")):
-                    api[f"{node.name}.{item.name}"] = ast.unparse(item.args)
-    return api
-
-
 @pytest.mark.parametrize("kata", KATAS, ids=IDS)
 def test_stub_and_solution_expose_the_same_api(kata):
-    stub, solution = _public_api(ROOT / kata.stub), _public_api(ROOT / kata.solution)
+    stub, solution = conformance.public_api(ROOT / kata.stub), conformance.public_api(ROOT / kata.solution)
     assert stub == solution
     for task in kata.tasks:
         assert task in stub, f"task {task} of kata {kata.id} is not in the stub"

@@ -134,3 +134,74 @@ def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Ten
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ V  # (..., T, D)
+
+
+def expect_value_error(ctx, fn, *args, what: str, names: tuple[str, ...], example: dict | None = None):
+    """``fn(*args)`` must raise a ValueError whose message names one of ``names``."""
+    exc = ctx.raises(ValueError, fn, *args, what=what, example=example)
+    if not value_error_names(exc, names):
+        ctx.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {' or '.join(names)}",
+                 example, ("unnamed", what))
+
+
+def bad_caches(K: torch.Tensor, V: torch.Tensor) -> list[tuple[str, object]]:
+    """Caches a layer may be handed back by mistake, each with what is wrong; ``(K, V)`` is a good one."""
+    other = torch.float32 if K.dtype == torch.float64 else torch.float64
+    return [
+        ("a cache that is one tensor, not a pair (K, V)", K),
+        ("a cache of three tensors", (K, V, V)),
+        ("a cache whose V holds one token fewer than its K", (K, V[:, :, :-1])),
+        ("a cache whose K and V differ in dtype", (K, V.to(other))),
+        ("a cache with twice the heads", (torch.cat([K, K], 1), torch.cat([V, V], 1))),
+        ("a cache with twice the head width", (torch.cat([K, K], 3), torch.cat([V, V], 3))),
+        ("a cache of another batch size", (torch.cat([K, K], 0), torch.cat([V, V], 0))),
+        ("a cache without its batch axis", (K[0], V[0])),
+        (f"a cache in {str(other).removeprefix('torch.')}", (K.to(other), V.to(other))),
+    ]
+
+
+def held_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Tensors a module keeps in its attributes (its parameters left out), found a few levels deep."""
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def walk(name: str, value, depth: int) -> None:
+        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+            found.append((name, value))
+        elif depth < 3 and isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(f"{name}[{i}]", item, depth + 1)
+        elif depth < 3 and isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{name}[{key!r}]", item, depth + 1)
+
+    for sub_name, sub in module.named_modules():
+        for key, value in vars(sub).items():
+            if key not in ("_parameters", "_modules"):
+                walk(f"{sub_name + '.' if sub_name else ''}{key}", value, 0)
+    return found
+
+
+def interleaved(layer, ctx, xa: torch.Tensor, xb: torch.Tensor, lengths_a: list[int], lengths_b: list[int]) -> dict:
+    """Two sequences served by one layer, their calls alternating, each with its own cache."""
+    seen, caches, starts = {}, {"A": None, "B": None}, {"A": 0, "B": 0}
+    calls = [("A", xa, n) for n in lengths_a], [("B", xb, n) for n in lengths_b]
+    order = [call for pair in zip(*calls) for call in pair]
+    order += calls[0][len(calls[1]):] + calls[1][len(calls[0]):]
+    for name, x, n in order:
+        start = starts[name]
+        out, caches[name] = expect_pair(ctx.call(layer, x[:, start:start + n], caches[name]), "forward(x, cache)")
+        seen[f"sequence {name}, output of its {n} token(s) after {start} cached"] = out
+        starts[name] = start + n
+    return seen
+
+
+def expect_value_error_soon(ctx, build, x: torch.Tensor, what: str, names: tuple[str, ...], example: dict | None = None):
+    """A bad size must raise a ValueError naming it when the layer is built, or at the latest on its first call."""
+    try:
+        layer = build()
+    except ValueError as exc:
+        if not value_error_names(exc, names):
+            ctx.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {' or '.join(names)}",
+                     example, ("unnamed", what))
+        return
+    expect_value_error(ctx, layer, x, what=f"{what}, then called on x", names=names, example=example)

@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.common import (DTYPES, SEEDS, chunks, count_rows, expect_pair, load_linears, named, randn,
-                                  value_error_names)
+from grader import report
+from grader.checks import devices
+from grader.checks.common import (DTYPES, SEEDS, bad_caches, chunks, count_rows, expect_pair, expect_value_error,
+                                  held_tensors, interleaved, load_linears, named, randn, value_error_names)
 from grader.engine import Checks
 
 CHECKS = Checks("01")
@@ -173,3 +175,143 @@ def attention_rejects_bad_input(ctx):
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
 
     ctx.forall(attention_run(), body, max_examples=2)
+
+
+@CHECKS.add("append_kv rejects a bad cache passed back in, naming the argument", uses="append_kv")
+def append_kv_rejects_bad_cache(ctx):
+    def body(c, ex):
+        K, V = _kv(ex, 0, 3, c.device)
+        k, v = _kv(ex, 1, 1, c.device)
+        for what, cache in bad_caches(K, V):
+            expect_value_error(c, c.t.append_kv, cache, k, v, what=f"append_kv with {what}", names=("cache", "k_new"),
+                               example=ex)
+        other = torch.float32 if ex["dtype"] == torch.float64 else torch.float64
+        expect_value_error(c, c.t.append_kv, (K, V), k, v.to(other), what="append_kv with v_new in another dtype "
+                           "than k_new", names=("v_new", "k_new"), example=ex)
+        expect_value_error(c, c.t.append_kv, (K, V), torch.cat([k, k]), torch.cat([v, v]),
+                           what="append_kv with k_new of another batch size than the cache", names=("k_new", "cache"),
+                           example=ex)
+
+    ctx.forall(kv_growth(), body, max_examples=3)
+
+
+@CHECKS.add("DynamicKVCache.update rejects a bad layer or mismatched k_new, v_new, naming the argument",
+            uses="DynamicKVCache.update")
+def dynamic_cache_rejects_bad_input(ctx):
+    def body(c, ex):
+        cache = c.t.DynamicKVCache()
+        k, v = _kv(ex, 0, 2, c.device)
+        c.call(cache.update, 0, k, v)
+        for what, layer in (("layer=-1", -1), ("layer=0.5", 0.5)):
+            expect_value_error(c, cache.update, layer, k, v, what=f"update({what}, k_new, v_new)", names=("layer",),
+                               example=ex)
+        other = torch.float32 if ex["dtype"] == torch.float64 else torch.float64
+        for what, pair in (("k_new, v_new with twice the heads layer 0 holds", (torch.cat([k, k], 1), torch.cat([v, v], 1))),
+                           ("v_new longer than k_new", (k, torch.cat([v, v], 2))),
+                           ("k_new without a head axis", (k[:, 0], v[:, 0])),
+                           ("k_new, v_new in another dtype than layer 0 holds", (k.to(other), v.to(other)))):
+            expect_value_error(c, cache.update, 0, *pair, what=f"update(0, ...) with {what}",
+                               names=("k_new", "v_new", "cache"), example=ex)
+
+    ctx.forall(cache_steps(), body, max_examples=2)
+
+
+@CHECKS.add("DynamicKVCache: a layer that skips ahead is a ValueError or kept apart", uses="DynamicKVCache.update")
+def dynamic_cache_layer_skipping_ahead(ctx):
+    def body(c, ex):
+        cache = c.t.DynamicKVCache()
+        k, v = _kv(ex, 0, 2, c.device)
+        k0, v0 = _kv(ex, 1, 1, c.device)
+        try:
+            got = c.call(cache.update, 2, k, v)
+        except ValueError as exc:  # refusing a layer that skips ahead is fine, if the message says which
+            if not value_error_names(exc, ("layer",)):
+                c.fail(f"update(2, ...) on an empty cache raised ValueError({str(exc)!r}); the message should name "
+                       "layer", ex, ("unnamed", "layer"))
+            return
+        seen = {"update(2) result": named(got), "seq_len(2)": cache.seq_len(2), "seq_len(0)": cache.seq_len(0),
+                "seq_len(1)": cache.seq_len(1)}
+        seen["then update(0) result"] = named(c.call(cache.update, 0, k0, v0))
+        seen["then seq_len(0)"], seen["then seq_len(2)"] = cache.seq_len(0), cache.seq_len(2)
+        expected = {"update(2) result": {"K": k, "V": v}, "seq_len(2)": 2, "seq_len(0)": 0, "seq_len(1)": 0,
+                    "then update(0) result": {"K": k0, "V": v0}, "then seq_len(0)": 1, "then seq_len(2)": 2}
+        problem = report.compare(expected, seen)
+        if problem:
+            c.fail("update(2, k, v) on an empty cache (2 tokens), then update(0, k0, v0) (1 token): raise a ValueError "
+                   f"naming layer, or keep each layer's tokens apart (layers 0 and 1 not seen yet)\n  {problem}", ex,
+                   seen)
+
+    ctx.forall(cache_steps(), body, max_examples=2)
+
+
+@CHECKS.add("CachedAttention rejects a bad cache passed back in, and bad sizes", uses="CachedAttention.forward")
+def attention_rejects_bad_cache(ctx):
+    def body(c, ex):
+        layer, x, P = _layer(c.t, ex, c.device), _tokens(ex, c.device), ex["prompt"]
+        _, (K, V) = expect_pair(c.call(layer, x[:, :P]), "forward(x)")
+        for what, cache in bad_caches(K, V):
+            expect_value_error(c, layer, x[:, P:P + 1], cache, what=f"a decode step with {what}", names=("cache",),
+                               example=ex)
+        d, h = ex["d_model"], ex["n_heads"]
+        for args in ((d, d + 1), (d, 0), (0, h), (d, -h)):
+            expect_value_error(c, c.t.CachedAttention, *args, what=f"CachedAttention(d_model={args[0]}, n_heads={args[1]})",
+                               names=("d_model", "n_heads"), example=ex)
+
+    ctx.forall(attention_run().filter(lambda e: e["decode_steps"] > 0), body, max_examples=2)
+
+
+def _queries_held(layer, ex, cache) -> list[str]:
+    """Tensors the layer keeps that look like per-token queries or hidden states: a float tensor ending in
+    head_dim or d_model with an axis as long as the tokens seen (the returned cache itself left out)."""
+    seen, head_dim = ex["prompt"] + ex["decode_steps"], ex["d_model"] // ex["n_heads"]
+    returned = {t.untyped_storage().data_ptr() for t in cache if isinstance(t, torch.Tensor)}
+    return [f"{name} {tuple(t.shape)}" for name, t in held_tensors(layer)
+            if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] in (head_dim, ex["d_model"])
+            and seen in t.shape[:-1] and t.untyped_storage().data_ptr() not in returned]
+
+
+@CHECKS.add("CachedAttention stores no queries: forward depends on x and the cache only", uses="CachedAttention.forward")
+def attention_keeps_no_state(ctx):
+    def held(c, ex):
+        layer, x, P = _layer(c.t, ex, c.device), _tokens(ex, c.device), ex["prompt"]
+        out, cache = expect_pair(c.call(layer, x[:, :P]), "forward(x)")
+        for step in range(ex["decode_steps"]):
+            out, cache = expect_pair(c.call(layer, x[:, P + step:P + step + 1], cache), "forward(x, cache)")
+        kept = _queries_held(layer, ex, cache)
+        if kept:
+            c.fail(f"after a {P}-token prefill and {ex['decode_steps']} decode steps the layer holds "
+                   f"{', '.join(kept)}: a query is used once, in its own step, and never stored (only K and V are "
+                   "cached, and the caller holds them)", ex, ("held", len(kept)))
+
+    # 2 heads of width 8, 6 tokens: no size of the layer is 5 or 6, so a tensor that long is per-token state.
+    ctx.case({"batch": 2, "d_model": 16, "n_heads": 2, "prompt": 3, "decode_steps": 3, "dtype": torch.float64,
+              "seed": 11}, held)
+
+    def two_sequences(api, c, ex):
+        layer = _layer(api, ex, c.device)
+        xa, xb = _tokens(ex, c.device), randn(ex["seed"] + 99, ex["batch"], 9, ex["d_model"], dtype=ex["dtype"],
+                                              device=c.device)
+        steps = [1] * ex["decode_steps"]
+        return interleaved(layer, c, xa, xb, [ex["prompt"]] + steps, [ex["prompt"] % 3 + 2] + steps)
+
+    ctx.forall(attention_run().filter(lambda e: e["decode_steps"] > 0), lambda c, ex: c.differential(
+        ex, lambda api, e: two_sequences(api, c, e),
+        "two sequences served by one layer, calls alternating, each passing its own cache back in"), max_examples=3)
+
+
+def _device_scenario(s):
+    api, kv = s.ctx.t, [s.put(randn(i, 1, 2, 2, 4)) for i in range(4)]  # four (B=1, H=2, T=2, D=4) tensors
+    K, V = s.call("append_kv(None, k_new, v_new)", api.append_kv, None, kv[0], kv[1])
+    s.call("append_kv((K, V), k_new, v_new)", api.append_kv, (K, V), kv[2], kv[3])
+    cache = api.DynamicKVCache()
+    s.call("DynamicKVCache.update(0, k_new, v_new)", cache.update, 0, kv[0], kv[1])
+    s.call("DynamicKVCache.update(0, k_new, v_new) on a filled layer", cache.update, 0, kv[2], kv[3])
+    s.call("DynamicKVCache.update(1, k_new, v_new)", cache.update, 1, kv[2], kv[3])
+    layer, x = devices.module_on(s, lambda: api.CachedAttention(8, 2)), s.put(randn(5, 1, 4, 8, dtype=torch.float32))
+    _, kv_cache = expect_pair(s.call("CachedAttention.forward(x), a prefill of 3 tokens", layer, x[:, :3]), "forward(x)")
+    s.call("CachedAttention.forward(x, cache), a decode step", layer, x[:, 3:], kv_cache)
+
+
+@CHECKS.add("every function keeps the inputs' device (no tensor made on the CPU by accident)", uses="append_kv")
+def keeps_the_device(ctx):
+    ctx.case({"batch": 1, "heads": 2, "head_dim": 4}, lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

@@ -5,8 +5,10 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
-from grader.checks.common import (DTYPES, SEEDS, chunks, chunks_and_whole, hidden_states, load_linears, named,
-                                  run_chunks, value_error_names)
+from grader.checks import devices
+from grader.checks.common import (DTYPES, SEEDS, bad_caches, chunks, chunks_and_whole, expect_pair, expect_value_error,
+                                  expect_value_error_soon, hidden_states, interleaved, load_linears, named, run_chunks,
+                                  value_error_names)
 from grader.engine import Checks, Failure
 from grader.nn import apply_rope
 
@@ -56,12 +58,12 @@ def causal_mask_offset(ctx):
         max_examples=15)
 
 
-@CHECKS.add("negative lengths raise a ValueError naming the argument", uses="position_ids")
+@CHECKS.add("negative or fractional lengths raise a ValueError naming the argument", uses="position_ids")
 def lengths_rejected(ctx):
     def body(c, ex):
         for name in ("position_ids", "causal_mask"):
             fn = getattr(c.t, name)
-            for past, new, arg in ((-1, 3, "past_len"), (4, -2, "new_len")):
+            for past, new, arg in ((-1, 3, "past_len"), (4, -2, "new_len"), (2.5, 3, "past_len"), (4, 1.5, "new_len")):
                 exc = c.raises(ValueError, fn, past, new, what=f"{name}({past}, {new})", example=ex)
                 if not value_error_names(exc, (arg,)):
                     c.fail(f"{name}({past}, {new}) raised ValueError({str(exc)!r}); the message should name {arg}",
@@ -149,3 +151,79 @@ def rope_rejects_bad_input(ctx):
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
 
     ctx.forall(rope_run(), body, max_examples=2)
+
+
+@CHECKS.add("position_ids is a LongTensor and causal_mask a BoolTensor, exact at any length", uses="position_ids")
+def offsets_types(ctx):
+    def body(c, ex):
+        past, new = ex["past_len"], ex["new_len"]
+        for name, want in (("position_ids", torch.long), ("causal_mask", torch.bool)):
+            if name == "causal_mask" and past > 64:
+                continue  # a mask that wide would only cost memory
+            got = c.call(getattr(c.t, name), past, new)
+            if not isinstance(got, torch.Tensor) or got.dtype != want:
+                c.fail(f"{name}({past}, {new}) returned {report.describe(got)}; expected a tensor of dtype {want} "
+                       f"({'index tensors are LongTensor' if want == torch.long else 'True = may attend'})", ex,
+                       ("dtype", name, str(getattr(got, "dtype", type(got).__name__))))
+        expected = torch.tensor([past + i for i in range(new)], dtype=torch.long)  # Python ints: exact
+        got = c.call(c.t.position_ids, past, new).cpu()
+        problem = report.compare(expected, got, f"position_ids({past}, {new})")
+        if problem:
+            c.fail(problem, ex, ("positions", got))  # the values: any wrong positions would fail alike
+
+    for past, new in ((0, 0), (7, 0), (3, 1), (2**31 - 2, 4), (2**53 + 1, 2)):
+        ctx.case({"past_len": past, "new_len": new}, body)
+
+
+def _two_sequences(api, ctx, ex):
+    layer, xa = _layer(api, ex, ctx.device), hidden_states(ex, ctx.device)
+    xb = hidden_states({**ex, "seed": ex["seed"] + 1, "lengths": [2] + ex["lengths"]}, ctx.device)
+    return interleaved(layer, ctx, xa, xb, ex["lengths"], [2] + ex["lengths"][::-1])
+
+
+@CHECKS.add("RopeAttention keeps no position or cache of its own: two sequences through one layer",
+            uses="RopeAttention.forward")
+def rope_keeps_no_state(ctx):
+    ctx.forall(rope_run().filter(lambda e: len(e["lengths"]) > 1), lambda c, ex: c.differential(
+        ex, lambda api, e: _two_sequences(api, c, e),
+        "two sequences served by one layer, calls alternating, each passing its own cache back in "
+        "(the past length comes from the cache, not from the layer)"), max_examples=3)
+
+
+@CHECKS.add("RopeAttention rejects a bad cache passed back in, and bad sizes", uses="RopeAttention.forward")
+def rope_rejects_bad_cache(ctx):
+    def body(c, ex):
+        layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
+        P = ex["lengths"][0]
+        _, (K, V) = expect_pair(c.call(layer, x[:, :P]), "forward(x)")
+        for what, cache in bad_caches(K, V):
+            expect_value_error(c, layer, x[:, P:P + 1], cache, what=f"a call with {what}", names=("cache",), example=ex)
+        d, h = ex["d_model"], ex["n_heads"]
+        for args in ((d, d + 1), (d, 0), (0, h), (2 * h, 2 * h)):  # the last: an odd head width of 1
+            expect_value_error(c, c.t.RopeAttention, *args, what=f"RopeAttention(d_model={args[0]}, n_heads={args[1]})",
+                               names=("d_model", "n_heads"), example=ex)
+        for base in (0.0, -10000.0):
+            expect_value_error_soon(c, lambda: c.t.RopeAttention(d, h, rope_base=base).to(ex["dtype"]), x[:, :P],
+                                    what=f"RopeAttention(d_model={d}, n_heads={h}, rope_base={base})",
+                                    names=("rope_base", "base"), example=ex)
+
+    ctx.forall(rope_run().filter(lambda e: len(e["lengths"]) > 1), body, max_examples=2)
+
+
+def _device_scenario(s):
+    api = s.ctx.t
+    for name in ("position_ids", "causal_mask"):
+        s.call(f"{name}(3, 2, device=<the test device>)", getattr(api, name), 3, 2, device=s.device)
+    layer = devices.module_on(s, lambda: api.RopeAttention(8, 2))
+    x = s.put(torch.randn(1, 6, 8, generator=torch.Generator().manual_seed(2)))  # (B=1, T=6, d_model=8)
+    _, cache = expect_pair(s.call("RopeAttention.forward(x), a prefill of 3 tokens", layer, x[:, :3]), "forward(x)")
+    _, cache = expect_pair(s.call("RopeAttention.forward(x, cache), a chunk of 2 tokens", layer, x[:, 3:5], cache),
+                           "forward(x, cache)")
+    s.call("RopeAttention.forward(x, cache), a decode step", layer, x[:, 5:], cache)
+
+
+@CHECKS.add("every function keeps the device it is given or the inputs' (no tensor made on the CPU by accident)",
+            uses="position_ids")
+def keeps_the_device(ctx):
+    ctx.case({"past_len": 3, "new_len": 2, "d_model": 8, "n_heads": 2},
+             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

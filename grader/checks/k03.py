@@ -5,7 +5,9 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
-from grader.checks.common import (DTYPES, SEEDS, chunks, chunks_and_whole, count_rows, hidden_states, load_linears,
+from grader.checks import devices
+from grader.checks.common import (DTYPES, SEEDS, bad_caches, chunks, chunks_and_whole, count_rows, expect_pair,
+                                  expect_value_error, expect_value_error_soon, hidden_states, interleaved, load_linears,
                                   named, randn, run_chunks, value_error_names)
 from grader.engine import Checks, Failure
 
@@ -51,7 +53,8 @@ def repeat_kv_rejects_bad_input(ctx):
     def body(c, ex):
         x = _kv(ex, c.device)
         for what, args, arg in (("x without a batch axis", (x[0], 2), "x"), ("n_rep = 0", (x, 0), "n_rep"),
-                                ("n_rep = -1", (x, -1), "n_rep")):
+                                ("n_rep = -1", (x, -1), "n_rep"), ("n_rep = 1.5", (x, 1.5), "n_rep"),
+                                ("a 5-D x", (x[:, :, None], 2), "x")):
             exc = c.raises(ValueError, c.t.repeat_kv, *args, what=f"repeat_kv with {what}", example=ex)
             if not value_error_names(exc, (arg,)):
                 c.fail(f"repeat_kv with {what} raised ValueError({str(exc)!r}); the message should name {arg}",
@@ -204,3 +207,57 @@ def gqa_rejects_bad_input(ctx):
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
 
     ctx.forall(gqa_run(), body, max_examples=2)
+
+
+def _two_sequences(api, ctx, ex):
+    layer, xa = _layer(api, ex, ctx.device), hidden_states(ex, ctx.device)
+    xb = hidden_states({**ex, "seed": ex["seed"] + 1, "lengths": [2] + ex["lengths"]}, ctx.device)
+    return interleaved(layer, ctx, xa, xb, ex["lengths"], [2] + ex["lengths"][::-1])
+
+
+@CHECKS.add("GQAttention keeps no position or cache of its own: two sequences through one layer",
+            uses="GQAttention.forward")
+def gqa_keeps_no_state(ctx):
+    ctx.forall(gqa_run(min_rep=2).filter(lambda e: len(e["lengths"]) > 1), lambda c, ex: c.differential(
+        ex, lambda api, e: _two_sequences(api, c, e),
+        "two sequences served by one layer, calls alternating, each passing its own cache back in "
+        "(the past length comes from the cache, not from the layer)"), max_examples=3)
+
+
+@CHECKS.add("GQAttention rejects a bad cache passed back in, and bad sizes", uses="GQAttention.forward")
+def gqa_rejects_bad_cache(ctx):
+    def body(c, ex):
+        layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
+        P = ex["lengths"][0]
+        _, (K, V) = expect_pair(c.call(layer, x[:, :P]), "forward(x)")
+        for what, cache in bad_caches(K, V):
+            expect_value_error(c, layer, x[:, P:P + 1], cache, what=f"a call with {what}", names=("cache",), example=ex)
+        d, n_q, n_kv = ex["d_model"], ex["n_q_heads"], ex["n_kv_heads"]
+        width = {} if ex["head_dim"] is None else {"head_dim": ex["head_dim"]}  # so only one size is wrong
+        sizes = [((d, 0, 1), width, ("n_q_heads",)), ((d, n_q, 0), width, ("n_kv_heads",)),
+                 ((d, n_q, -n_kv), width, ("n_kv_heads",)), ((d, n_q, n_kv), {"head_dim": 3}, ("head_dim",)),
+                 ((d, n_q, n_kv), {"head_dim": 0}, ("head_dim",)),
+                 ((d, n_q, n_kv), {**width, "rope_base": 0.0}, ("rope_base", "base")),
+                 ((0, n_q, n_kv), {}, ("d_model", "head_dim", "x"))]  # a zero-width layer: any x is wrong for it
+        for args, kwargs, names in sizes:
+            call = ", ".join([f"d_model={args[0]}", f"n_q_heads={args[1]}", f"n_kv_heads={args[2]}"]
+                             + [f"{k}={v}" for k, v in kwargs.items()])
+            expect_value_error_soon(c, lambda: c.t.GQAttention(*args, **kwargs).to(ex["dtype"]), x[:, :P],
+                                    what=f"GQAttention({call})", names=names, example=ex)
+
+    ctx.forall(gqa_run(min_rep=2).filter(lambda e: len(e["lengths"]) > 1), body, max_examples=2)
+
+
+def _device_scenario(s):
+    api = s.ctx.t
+    s.call("repeat_kv(x, 2)", api.repeat_kv, s.put(randn(3, 1, 2, 3, 4)), 2)
+    layer = devices.module_on(s, lambda: api.GQAttention(16, 4, 2))
+    x = s.put(randn(4, 1, 4, 16, dtype=torch.float32))  # (B=1, T=4, d_model=16)
+    _, cache = expect_pair(s.call("GQAttention.forward(x), a prefill of 3 tokens", layer, x[:, :3]), "forward(x)")
+    s.call("GQAttention.forward(x, cache), a decode step", layer, x[:, 3:], cache)
+
+
+@CHECKS.add("every function keeps the inputs' device (no tensor made on the CPU by accident)", uses="repeat_kv")
+def keeps_the_device(ctx):
+    ctx.case({"n_rep": 2, "d_model": 16, "n_q_heads": 4, "n_kv_heads": 2},
+             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

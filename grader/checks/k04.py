@@ -1,9 +1,10 @@
 """Hidden checks of kata 04 — the memory formula.
 
 Pinned cases carry the seed documents' worked numbers, with every expected value written here
-as hand arithmetic (never taken from the reference). Random cases compare with the reference on
-sizes that include the edges: 0 and 1, exact multiples and one past, and numbers past 2**53
-where a float would round. Arguments are passed by position, in the order of the signature.
+as hand arithmetic (never taken from the reference). Random cases compare with exact integer
+arithmetic done here, on sizes that include the edges: 0 and 1, exact multiples and one past, and
+numbers past 2**53 where a float would round. Every answer must be a Python int. Arguments are
+passed by position, in the order of the signature.
 """
 from __future__ import annotations
 
@@ -68,16 +69,34 @@ def _pinned(ctx, name: str, cases) -> None:
     for args, expected, note in cases:
         def body(c, ex, expected=expected, note=note):
             got = _call(c.t, name, ex)
-            problem = report.compare(expected, got)
+            problem = _int_problem(expected, got)
             if problem:
                 c.fail(f"{name}: {note}\n  {problem}", ex, got)
 
         ctx.case(dict(args), body)
 
 
-def _random(ctx, name: str, strategy, max_examples: int = 20) -> None:
-    what = f"{name}, compared with the reference formula"
-    ctx.forall(strategy, lambda c, ex: c.differential(ex, lambda api, e: _call(api, name, e), what), max_examples)
+def _int_problem(expected, got) -> str | None:
+    """None when ``got`` equals ``expected`` and every number in it is a Python int, else why not."""
+    problem = report.compare(expected, got)
+    if problem:
+        return problem
+    for value in got if isinstance(got, (tuple, list)) else (got,):
+        if not isinstance(value, int) or isinstance(value, bool):
+            return (f"got {value!r} of type {type(value).__name__}; every answer is a Python int, exact at any "
+                    "size (a numpy or float number rounds or overflows past 2**53 or 2**63)")
+    return None
+
+
+def _exact(ctx, name: str, strategy, oracle, max_examples: int = 20) -> None:
+    """Random sizes against ``oracle(ex)``: the answer worked out here with exact integer arithmetic."""
+    def body(c, ex):
+        got = _call(c.t, name, ex)
+        problem = _int_problem(oracle(ex), got)
+        if problem:
+            c.fail(f"{name}, compared with exact integer arithmetic\n  {problem}", ex, got)
+
+    ctx.forall(strategy, body, max_examples)
 
 
 def _rejects(ctx, name: str, cases) -> None:
@@ -147,35 +166,80 @@ def steps(draw):
             "prompt_len": draw(st.one_of(st.just(1), st.integers(1, 4096), st.integers(1, 2**40)))}
 
 
+def _crossover(ex: dict) -> int:
+    per_token, weights = _per_token(ex), ex["weight_bytes"]
+    return weights // per_token + (1 if weights % per_token else 0)
+
+
+def _max_batch(ex: dict) -> int:
+    free = ex["memory_bytes"] - ex["weight_bytes"]
+    return 0 if free < 0 else free // (_per_token(ex) * ex["seq_len"])
+
+
+def _projections(ex: dict) -> tuple[int, int]:
+    n, p = ex["n_steps"], ex.get("prompt_len", 1)
+    return sum(p + i for i in range(n)), p + (n - 1)  # pass i sees p + i tokens; cached: the prompt, then 1 each
+
+
+def _scores(ex: dict) -> tuple[int, int]:
+    n, p = ex["n_steps"], ex.get("prompt_len", 1)
+    return sum((p + i) * (p + i) for i in range(n)), p * p + sum(p + i for i in range(1, n))
+
+
 WIDTHS = [32, 64, 80, 96, 128, 256]
-DTYPE_NAMES = ["float16", "bfloat16", "float32", "float64", "int8", "float8_e4m3fn"]
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "float8_e4m3fn": 1}
+DTYPE_NAMES = list(DTYPE_BYTES)
 
 
 @st.composite
 def hf_configs(draw):
+    """Configs as Hugging Face writes them: optional fields absent or null, the dtype under either key,
+    multimodal ones with the language model in text_config and the dtype at the top, inside, or both."""
     n_heads = draw(st.sampled_from([1, 2, 4, 8, 12, 16, 32, 40, 64]))
     n_kv = draw(st.sampled_from([d for d in range(1, n_heads + 1) if n_heads % d == 0]))
     lm = {"model_type": "llama", "num_hidden_layers": draw(st.integers(1, 96)), "num_attention_heads": n_heads}
-    if n_kv != n_heads or draw(st.booleans()):
-        lm["num_key_value_heads"] = n_kv
-    head_dim = draw(st.sampled_from(["explicit", "absent", "null"]))
-    if head_dim == "explicit":  # free to differ from hidden_size // heads, as in Gemma or Qwen3
+    kv_field = "given" if n_kv != n_heads else draw(st.sampled_from(["given", "absent", "null"]))
+    if kv_field != "absent":  # absent or null: one KV head per query head
+        lm["num_key_value_heads"] = n_kv if kv_field == "given" else None
+    if draw(st.booleans()):  # an explicit head_dim, free to differ from hidden_size // heads (Gemma, Qwen3)
         lm["head_dim"] = draw(st.sampled_from(WIDTHS))
-        lm["hidden_size"] = n_heads * draw(st.sampled_from(WIDTHS))
+        hidden = draw(st.sampled_from(["given", "absent", "null"]))  # not needed, so it may be left out
+        if hidden != "absent":
+            lm["hidden_size"] = n_heads * draw(st.sampled_from(WIDTHS)) if hidden == "given" else None
     else:
         lm["hidden_size"] = n_heads * draw(st.sampled_from(WIDTHS))
-        if head_dim == "null":
+        if draw(st.booleans()):
             lm["head_dim"] = None
     dtype_key, dtype = draw(st.sampled_from(["torch_dtype", "dtype"])), draw(st.sampled_from(DTYPE_NAMES))
-    lm[dtype_key] = dtype
+    other_null = draw(st.booleans())  # the other key written as null
+    where = draw(st.sampled_from(["top", "text", "both"]))
     config = lm
-    if draw(st.booleans()):  # multimodal: same dtype at the top, a vision tower's sizes beside it
+    if draw(st.booleans()):  # multimodal: a vision tower's sizes at the top, the language model nested
         config = {"model_type": "llava", "hidden_size": draw(st.sampled_from([768, 1024, 1152])),
                   "num_attention_heads": draw(st.sampled_from([12, 16])), "num_hidden_layers": draw(st.integers(1, 40)),
-                  dtype_key: dtype, "text_config": lm}
-    return {"config": config, "batch": draw(st.one_of(st.just(0), st.integers(1, 64))),
-            "seq_len": draw(st.one_of(st.just(1), st.integers(0, 200_000))),
+                  "text_config": lm}
+    else:
+        where = "top"
+    for place in (config, lm) if where == "both" else (config if where == "top" else lm,):
+        place[dtype_key] = dtype
+        if other_null:
+            place["dtype" if dtype_key == "torch_dtype" else "torch_dtype"] = None
+    big = st.integers(2**20, 2**40)  # with these the byte count passes 2**53
+    return {"config": config, "batch": draw(st.one_of(st.just(0), st.integers(1, 64), big)),
+            "seq_len": draw(st.one_of(st.just(1), st.integers(0, 200_000), big)),
             "bytes_per_elem": draw(st.one_of(st.none(), st.sampled_from([1, 2, 4])))}
+
+
+def _config_bytes(ex: dict) -> int:
+    """The cache bytes of a drawn config, read here field by field."""
+    config = ex["config"]
+    lm = config.get("text_config") or config
+    heads = lm["num_attention_heads"]
+    kv = lm.get("num_key_value_heads") or heads
+    dim = lm.get("head_dim") or lm["hidden_size"] // heads
+    names = [place.get(key) for place in (lm, config) for key in ("dtype", "torch_dtype")]
+    elem = ex["bytes_per_elem"] or DTYPE_BYTES[next(name for name in names if name)]
+    return ex["batch"] * ex["seq_len"] * 2 * lm["num_hidden_layers"] * kv * dim * elem
 
 
 # -- task 1: bytes per token, bytes of a cache ---------------------------------------------------
@@ -193,7 +257,7 @@ def bytes_per_token_pinned(ctx):
 
 @CHECKS.add("kv_bytes_per_token on random sizes", uses="kv_bytes_per_token")
 def bytes_per_token_random(ctx):
-    _random(ctx, "kv_bytes_per_token", model_sizes())
+    _exact(ctx, "kv_bytes_per_token", model_sizes(), _per_token)
 
 
 @CHECKS.add("kv_cache_bytes gives the worked numbers", uses="kv_cache_bytes")
@@ -214,7 +278,7 @@ def cache_bytes_pinned(ctx):
 
 @CHECKS.add("kv_cache_bytes on random sizes", uses="kv_cache_bytes")
 def cache_bytes_random(ctx):
-    _random(ctx, "kv_cache_bytes", cache_sizes())
+    _exact(ctx, "kv_cache_bytes", cache_sizes(), lambda e: e["batch"] * e["seq_len"] * _per_token(e))
 
 
 @CHECKS.add("kv_bytes_per_token and kv_cache_bytes reject bad input with a ValueError naming it", uses="kv_bytes_per_token")
@@ -266,7 +330,7 @@ def from_config_real_models(ctx):
 
 @CHECKS.add("kv_cache_bytes_from_config on random configs", uses="kv_cache_bytes_from_config")
 def from_config_random(ctx):
-    _random(ctx, "kv_cache_bytes_from_config", hf_configs(), max_examples=25)
+    _exact(ctx, "kv_cache_bytes_from_config", hf_configs(), _config_bytes, max_examples=25)
 
 
 def _without(config: dict, *fields: str) -> dict:
@@ -314,7 +378,7 @@ def crossover_pinned(ctx):
 
 @CHECKS.add("crossover_tokens on random sizes, at and next to exact multiples", uses="crossover_tokens")
 def crossover_random(ctx):
-    _random(ctx, "crossover_tokens", crossovers())
+    _exact(ctx, "crossover_tokens", crossovers(), _crossover)
 
 
 @CHECKS.add("max_batch_size gives the worked numbers", uses="max_batch_size")
@@ -334,7 +398,7 @@ def max_batch_pinned(ctx):
 
 @CHECKS.add("max_batch_size on random sizes, at and next to exact multiples", uses="max_batch_size")
 def max_batch_random(ctx):
-    _random(ctx, "max_batch_size", batches())
+    _exact(ctx, "max_batch_size", batches(), _max_batch)
 
 
 @CHECKS.add("max_batch_size when not even the weights fit: 0 or a ValueError", uses="max_batch_size")
@@ -388,7 +452,7 @@ def projections_pinned(ctx):
 
 @CHECKS.add("projection_counts on random step counts and prompt lengths", uses="projection_counts")
 def projections_random(ctx):
-    _random(ctx, "projection_counts", steps())
+    _exact(ctx, "projection_counts", steps(), _projections)
 
 
 @CHECKS.add("score_counts gives the worked numbers", uses="score_counts")
@@ -404,7 +468,7 @@ def scores_pinned(ctx):
 
 @CHECKS.add("score_counts on random step counts and prompt lengths", uses="score_counts")
 def scores_random(ctx):
-    _random(ctx, "score_counts", steps())
+    _exact(ctx, "score_counts", steps(), _scores)
 
 
 @CHECKS.add("projection_counts and score_counts reject bad input with a ValueError naming it",
@@ -417,3 +481,96 @@ def task4_rejects_bad_input(ctx):
             ("n_steps=2.5", {"n_steps": 2.5}, ("n_steps",)),
             ("a negative prompt_len", {"n_steps": 4, "prompt_len": -1}, ("prompt_len",)),
         ])
+
+
+# -- promises every function keeps -----------------------------------------------------------------
+@CHECKS.add("kv_cache_bytes_from_config follows Hugging Face's config conventions", uses="kv_cache_bytes_from_config")
+def from_config_conventions(ctx):
+    llama3 = 2 * 32 * 8 * 128  # numbers per token of Llama-3-8B: K and V x 32 layers x 8 KV heads x 128
+    no_hidden = _without(LLAMA3_8B, "hidden_size")
+    text_only = {**_without(LLAVA_7B, "torch_dtype"), "text_config": {**LLAVA_7B["text_config"], "torch_dtype": "float32"}}
+    top_only = {**LLAVA_7B, "text_config": _without(LLAVA_7B["text_config"], "torch_dtype")}
+    _pinned(ctx, "kv_cache_bytes_from_config", [
+        (_config_case({**LLAMA3_8B, "head_dim": 128}, 1, 10), 10 * llama3 * 2, "an explicit head_dim and a hidden_size"),
+        (_config_case({**no_hidden, "head_dim": 128}, 1, 10), 10 * llama3 * 2,
+         "an explicit head_dim and no hidden_size: hidden_size is only needed when head_dim is absent"),
+        (_config_case({**no_hidden, "head_dim": 128, "hidden_size": None}, 1, 10), 10 * llama3 * 2,
+         "an explicit head_dim and \"hidden_size\": null"),
+        (_config_case({**LLAMA2_7B, "num_key_value_heads": None}, 1, 10), 10 * 2 * 32 * 32 * 128 * 2,
+         "\"num_key_value_heads\": null means not set: one KV head per query head (32)"),
+        (_config_case({**LLAMA3_8B, "torch_dtype": None, "dtype": "float32"}, 1, 10), 10 * llama3 * 4,
+         "\"torch_dtype\": null next to \"dtype\": \"float32\": null means not set, so 4 bytes"),
+        (_config_case({**_without(LLAMA3_8B, "torch_dtype"), "dtype": "float32", "torch_dtype": None}, 1, 10),
+         10 * llama3 * 4, "\"dtype\": \"float32\" with \"torch_dtype\": null written after it"),
+        (_config_case(_without(LLAMA3_8B, "torch_dtype"), 3, 10, 2), 30 * llama3 * 2,
+         "no dtype in the config but bytes_per_elem=2 given: the dtype is not needed"),
+        (_config_case(text_only, 1, 10), 10 * 2 * 32 * 32 * 128 * 4,
+         "a multimodal config with its dtype (float32) only inside text_config"),
+        (_config_case(top_only, 1, 10), 10 * 2 * 32 * 32 * 128 * 2,
+         "a multimodal config with its dtype (float16) only at the top level"),
+        (_config_case({**LLAMA3_8B, "text_config": None}, 1, 10), 10 * llama3 * 2,
+         "\"text_config\": null means there is no nested model: the top level holds the fields"),
+    ])
+
+
+@CHECKS.add("every answer is an exact int, far past 2**53", uses="kv_bytes_per_token")
+def exact_past_2_53(ctx):
+    L, H, D, E = 2**21 + 1, 2**13 + 3, 2**11 + 1, 8
+    per_token = 2 * L * H * D * E  # about 2**50: times a batch and a sequence, far past 2**53
+    B, S = 2**20 + 7, 2**24 + 1
+    model = _sizes(L, H, D, E)
+    weights = 3 * 2**61 + 5
+    config = {**_without(GEMMA2_9B, "dtype"), "num_hidden_layers": L, "num_key_value_heads": H, "head_dim": D,
+              "torch_dtype": "float64"}
+    n, p = 2**17 + 3, 2**40 + 1
+    cases = [
+        ("kv_bytes_per_token", model, per_token),
+        ("kv_cache_bytes", {"n_layers": L, "batch": B, "seq_len": S, "n_kv_heads": H, "head_dim": D,
+                            "bytes_per_elem": E}, B * S * per_token),
+        ("kv_cache_bytes_from_config", _config_case(config, B, S), B * S * per_token),
+        ("crossover_tokens", {"weight_bytes": weights, **model}, weights // per_token + 1),
+        ("max_batch_size", {"memory_bytes": weights + 7 * per_token * S - 1, "weight_bytes": weights, "seq_len": S,
+                            **model}, 6),
+        ("projection_counts", {"n_steps": n, "prompt_len": p}, (n * p + n * (n - 1) // 2, p + n - 1)),
+        ("score_counts", {"n_steps": n, "prompt_len": p},
+         (n * p * p + p * n * (n - 1) + (n - 1) * n * (2 * n - 1) // 6, p * p + (n - 1) * p + n * (n - 1) // 2)),
+    ]
+    for name, args, expected in cases:
+        _pinned(ctx, name, [(args, expected, "numbers this large are exact only in integer arithmetic")])
+
+
+def _bad_values(arg: str, minimum: int) -> list:
+    """What is wrong, and the bad value: one below the smallest allowed, a fraction, a string."""
+    return [(f"{arg}={minimum - 1}", minimum - 1), (f"{arg}=2.5", 2.5), (f"{arg}='8'", "8")]
+
+
+GOOD = {  # a valid call of each function, with the smallest value each argument allows
+    "kv_bytes_per_token": ({"n_layers": 32, "n_kv_heads": 8, "head_dim": 128, "bytes_per_elem": 2}, {}),
+    "kv_cache_bytes": ({"n_layers": 32, "batch": 2, "seq_len": 100, "n_kv_heads": 8, "head_dim": 128,
+                        "bytes_per_elem": 2}, {"batch": 0, "seq_len": 0}),
+    "kv_cache_bytes_from_config": (_config_case(LLAMA3_8B, 2, 100, 2), {"batch": 0, "seq_len": 0}),
+    "crossover_tokens": ({"weight_bytes": 10**9, **LLAMA3}, {"weight_bytes": 0}),
+    "max_batch_size": ({"memory_bytes": 80 * GiB, "weight_bytes": LLAMA3_8B_WEIGHT_BYTES, "seq_len": 8192, **LLAMA3},
+                       {"memory_bytes": 0, "weight_bytes": 0}),
+    "projection_counts": ({"n_steps": 8, "prompt_len": 3}, {}),
+    "score_counts": ({"n_steps": 8, "prompt_len": 3}, {}),
+}
+
+
+@CHECKS.add("every argument of every function rejects a bad value with a ValueError naming it",
+            uses="kv_bytes_per_token")
+def every_argument_rejects_bad_values(ctx):
+    for name, (good, minimums) in GOOD.items():
+        cases = [(what, {**good, arg: bad}.items(), (arg,))
+                 for arg in good if arg != "config" for what, bad in _bad_values(arg, minimums.get(arg, 1))]
+        _rejects(ctx, name, cases)
+    fields = [("num_hidden_layers", 0), ("num_attention_heads", 0), ("num_key_value_heads", -8), ("head_dim", 2.5),
+              ("num_hidden_layers", "32")]
+    _rejects(ctx, "kv_cache_bytes_from_config", [
+        ("config given as a list", _config_case([LLAMA3_8B], 1, 8).items(), ("config",)),
+        ("config given as the text of a config.json", _config_case('{"num_hidden_layers": 32}', 1, 8).items(),
+         ("config",)),
+        ("text_config given as a list", _config_case({**LLAMA3_8B, "text_config": [LLAMA3_8B]}, 1, 8).items(),
+         ("text_config", "config")),
+    ] + [(f"\"{field}\": {value!r}", _config_case({**LLAMA3_8B, field: value}, 1, 8).items(), (field,))
+         for field, value in fields])

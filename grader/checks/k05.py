@@ -13,6 +13,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
+from grader.checks import devices
 from grader.checks.common import DTYPES, SEEDS, attention, randn, value_error_names
 from grader.engine import Checks, Failure
 
@@ -117,6 +118,9 @@ def _run(c, ex, watch):
             model.chunks = [[] for _ in range(n)]
             _same(c, ex, where, {"seq_len of every layer": [0] * n},
                   {"seq_len of every layer": [cache.seq_len(l) for l in range(n)]})
+            if "mask" in watch:  # an empty layer: zero rows, every slot still a column
+                _same(c, ex, where, {f"attention_mask(0, layer={l})": model.mask(0, l) for l in range(n)},
+                      {f"attention_mask(0, layer={l})": cache.attention_mask(0, layer=l) for l in range(n)})
         elif model.seq_len(op[1]) + op[2] > ex["max_len"]:
             _overflow(c, ex, where, cache, op, _kv(ex, i, op[2], c.device))
         else:
@@ -333,6 +337,12 @@ def rejects_bad_input(ctx):
             ("attention_mask(-1) with 1 token in layer 0", ("new_len",), cache.attention_mask, -1),
             ("attention_mask(2) with 1 token in layer 0", ("new_len",), cache.attention_mask, 2),
             (f"attention_mask(0, layer={n})", ("layer",), cache.attention_mask, 0, n),
+            ("attention_mask(0, layer=-1)", ("layer",), cache.attention_mask, 0, -1),
+            ("attention_mask(1.0), a float new_len", ("new_len",), cache.attention_mask, 1.0),
+            ("update(layer=0.0, ...), a float layer", ("layer",), cache.update, 0.0, k, v),
+            ("seq_len(0.0), a float layer", ("layer",), cache.seq_len, 0.0),
+            ("update(0, k_new as a nested list, v_new)", ("k_new",), cache.update, 0, k.tolist(), v),
+            ("update(0, k_new, None)", ("v_new",), cache.update, 0, k, None),
         ]:
             _rejects(c, ex, what, names, fn, *args)
             lens = [cache.seq_len(l) for l in range(n)]
@@ -353,3 +363,53 @@ def rejects_bad_input(ctx):
               {"keys[0] dtype": str(K.dtype), "keys[0][:, :, 1]": K[:, :, 1], "values[0][:, :, 1]": V[:, :, 1]})
 
     ctx.forall(programs(), body, max_examples=4)
+
+
+@CHECKS.add("StaticKVCache rejects sizes that are not positive ints, naming the argument", uses="StaticKVCache")
+def rejects_bad_sizes(ctx):
+    def body(c, ex):
+        good = {"n_layers": 2, "batch": 1, "max_len": 4, "n_kv_heads": 2, "head_dim": 2}
+        for name in good:
+            for bad in (0, -1, 2.0):  # 2.0: a float where an int is asked
+                args = {**good, name: bad}
+                what = f"StaticKVCache({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+                _rejects(c, ex, what, (name,), c.t.StaticKVCache, *args.values(), device=c.device)
+
+    ctx.case({"seed": 0}, body)
+
+
+# Worked by hand: each layer is filled in one update of exactly max_len tokens (the last slot fits),
+# then one more token overflows a full layer; after a reset the same buffers take max_len tokens again.
+EDGES = [{"n_layers": 2, "batch": 2, "max_len": 3, "n_kv_heads": 2, "head_dim": 2, "dtype": torch.float64,
+          "ops": [("update", 0, 3), ("update", 0, 1), ("update", 1, 1), ("update", 1, 2), ("update", 1, 1),
+                  ("reset",), ("update", 1, 3), ("update", 0, 2), ("update", 0, 1), ("update", 0, 1)], "seed": 3},
+         {"n_layers": 1, "batch": 1, "max_len": 1, "n_kv_heads": 1, "head_dim": 4, "dtype": torch.float32,
+          "ops": [("update", 0, 1), ("update", 0, 1), ("reset",), ("reset",), ("update", 0, 1)], "seed": 4}]
+
+
+@CHECKS.add("edge states: an empty cache, an update that fills the last slot, a full cache, reset and refill",
+            uses="StaticKVCache.update")
+def full_and_empty_edges(ctx):
+    for ex in EDGES:
+        ctx.case(ex, lambda c, e: _run(c, e, ("contents", "identity", "mask", "attention")))
+
+
+def _device_scenario(s):
+    api, where = s.ctx.t, "StaticKVCache(2, 1, 6, 2, 4, device=<the test device>)"
+    cache = s.call(where, api.StaticKVCache, 2, 1, 6, 2, 4, dtype=torch.float64, device=s.device)
+    s.expect_on([cache.keys, cache.values], f"{where}.keys/.values", "holds")
+    kv = [s.put(randn(i, 1, 2, 3, 4)) for i in range(4)]  # (B=1, Hkv=2, T=3, D=4)
+    for layer in (0, 1):
+        s.call(f"update({layer}, k_new, v_new) with 3 tokens", cache.update, layer, kv[0], kv[1])
+    s.call("attention_mask(3)", cache.attention_mask, 3)
+    s.call("update(0, k_new, v_new) with 1 token", cache.update, 0, kv[2][:, :, :1], kv[3][:, :, :1])
+    s.call("attention_mask(1)", cache.attention_mask, 1)
+    cache.reset()
+    s.call("update(1, k_new, v_new) after reset()", cache.update, 1, kv[2], kv[3])
+    s.call("attention_mask(2, layer=1) after reset()", cache.attention_mask, 2, layer=1)
+
+
+@CHECKS.add("the cache lives on its device= and keeps every result there", uses="StaticKVCache")
+def keeps_the_device(ctx):
+    ctx.case({"n_layers": 2, "batch": 1, "max_len": 6, "n_kv_heads": 2, "head_dim": 4},
+             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

@@ -15,6 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
+from grader.checks import devices
 from grader.checks.common import DTYPES, SEEDS, attention, randn, value_error_names
 from grader.checks.paged_programs import Replay, kv_dict, new_kv, programs, replay
 from grader.engine import Checks
@@ -234,11 +235,152 @@ def paged_rejects_bad_input(ctx):
         if state != (3, 0, 6):
             c.fail(f"after the refused calls, (seq_len(0), seq_len(1), num_free) = {state}, expected (3, 0, 6): "
                    "a refused call must change nothing", ex, ("refused call changed", state))
-        problem = report.compare({"K": k, "V": v}, kv_dict(cache.gather(0, 0)))
-        if problem:
+        gathered = kv_dict(cache.gather(0, 0))
+        problem = report.compare({"K": k, "V": v}, gathered)
+        if problem:  # observed: what came back, since every wrong gather fails here
             c.fail(f"after the refused calls, gather(0, 0) no longer returns the 3 tokens written:\n  {problem}",
-                   ex, ("refused call changed", "gather"))
+                   ex, ("refused call changed", gathered))
 
     ctx.forall(st.fixed_dictionaries({"layers": st.integers(1, 2), "heads": st.integers(1, 2),
                                       "head_dim": st.integers(1, 3), "dtype": DTYPES, "seed": SEEDS}),
                body, max_examples=3)
+
+
+# -- bad ids and sizes, reused ids, edge states --------------------------------------------------
+def _refused(c, ex, what, names, fn, *args):
+    """``fn(*args)`` must raise ValueError naming one of ``names``."""
+    exc = c.raises(ValueError, fn, *args, what=what, example=ex)
+    if not value_error_names(exc, names):
+        c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {' or '.join(names)}", ex,
+               ("unnamed", what))
+
+
+@CHECKS.add("BlockAllocator refuses bad sizes and bad block ids (unknown, negative, not an int, free) everywhere",
+            uses="BlockAllocator")
+def allocator_rejects_bad_ids(ctx):
+    def body(c, ex):
+        n = ex["num_blocks"]
+        for bad in (0, -1, 2.5):
+            _refused(c, ex, f"BlockAllocator({bad!r})", ("num_blocks",), c.t.BlockAllocator, bad)
+        alloc = c.t.BlockAllocator(n)
+        held = alloc.allocate()
+        alloc.incref(held)  # two holders
+        free = next(b for b in range(n) if b != held)  # only one block was handed out: any other is free
+        for method in ("incref", "decref", "refcount"):
+            for block, why in ((n, "an id past the end"), (-1, "a negative id"), (float(held), "a float id"),
+                               (str(held), "a str id")):
+                _refused(c, ex, f"{method}({block!r}), {why}, on an allocator of {n} blocks", ("block",),
+                         getattr(alloc, method), block)
+        for method in ("incref", "decref"):
+            _refused(c, ex, f"{method}({free}) of a free block", ("block",), getattr(alloc, method), free)
+        state = (alloc.refcount(held), alloc.num_free)
+        if state != (2, n - 1) or not all(isinstance(x, int) and not isinstance(x, bool) for x in state):
+            c.fail(f"after allocate(), incref({held}) and the refused calls, (refcount({held}), num_free) = "
+                   f"{state!r}; expected the ints (2, {n - 1}): a refused call must change nothing", ex,
+                   ("refused call changed", tuple(map(report.describe, state))))
+
+    for n in (2, 5):
+        ctx.case({"num_blocks": n, "seed": n}, body)
+
+
+@CHECKS.add("PagedKVCache refuses sizes that are not positive ints, naming the argument", uses="PagedKVCache")
+def paged_rejects_bad_sizes(ctx):
+    def body(c, ex):
+        good = {"num_blocks": 4, "block_size": 2, "n_layers": 2, "n_kv_heads": 1, "head_dim": 2}
+        for name in good:
+            for bad in (0, -1, 2.5):
+                args = {**good, name: bad}
+                _refused(c, ex, f"PagedKVCache({', '.join(f'{k}={v!r}' for k, v in args.items())})", (name,),
+                         c.t.PagedKVCache, *args.values())
+
+    ctx.case({"seed": 0}, body)
+
+
+@CHECKS.add("a freed sequence id is unknown everywhere; bad n_tokens, layers and slots are refused",
+            uses="PagedKVCache.free")
+def freed_ids_and_bad_arguments(ctx):
+    def body(c, ex):
+        L, H, D = ex["layers"], ex["heads"], ex["head_dim"]
+        cache = c.t.PagedKVCache(8, 2, L, H, D, dtype=ex["dtype"], device=c.device)
+        cache.add_sequence(0)
+        cache.add_sequence(1)
+        cache.reserve(1, 2)
+        slots = cache.reserve(0, 3)
+        k, v = new_kv(ex, 0, 0, 3, c.device)
+        cache.write(0, slots, k, v)
+        cache.free(1)
+        for what, fn, args, names in [
+            ("reserve(1, 1) of sequence 1, freed before", cache.reserve, (1, 1), ("seq_id",)),
+            ("gather(1, 0) of a freed sequence", cache.gather, (1, 0), ("seq_id",)),
+            ("seq_len(1) of a freed sequence", cache.seq_len, (1,), ("seq_id",)),
+            ("block_table(1) of a freed sequence", cache.block_table, (1,), ("seq_id",)),
+            ("free(1) a second time", cache.free, (1,), ("seq_id",)),
+            ("fork(1, 2) from a freed sequence", cache.fork, (1, 2), ("parent_id",)),
+            ("reserve(0, 1.5), half a token", cache.reserve, (0, 1.5), ("n_tokens",)),
+            ("gather(0, -1)", cache.gather, (0, -1), ("layer",)),
+            ("write(-1, slots, k, v)", cache.write, (-1, slots, k, v), ("layer",)),
+            ("write to slot -1", cache.write, (0, torch.tensor([0, 1, -1], device=c.device), k, v), ("slots",)),
+        ]:
+            _refused(c, ex, what, names, fn, *args)
+        table = cache.block_table(0)
+        table.append(7)  # the caller's copy: the cache must not see this
+        state = (cache.seq_len(0), len(cache.block_table(0)), cache.allocator.num_free)
+        if state != (3, 2, 6):
+            c.fail(f"after the refused calls and an append to the list block_table(0) returned, (seq_len(0), "
+                   f"len(block_table(0)), num_free) = {state}, expected (3, 2, 6): a refused call changes nothing, "
+                   "and block_table returns a copy", ex, ("changed", state))
+        gathered = kv_dict(cache.gather(0, 0))
+        problem = report.compare({"K": k, "V": v}, gathered)
+        if problem:  # observed: what came back, since every wrong gather fails here
+            c.fail(f"after the refused calls, gather(0, 0) no longer returns the 3 tokens written:\n  {problem}",
+                   ex, ("refused call changed", gathered))
+
+    ctx.case({"layers": 2, "heads": 2, "head_dim": 3, "dtype": torch.float32, "seed": 5}, body)
+
+
+# Worked by hand with 2 blocks of 2 tokens (block labels in the comments).
+EDGE_PROGRAM = {"num_blocks": 2, "block_size": 2, **SMALL, "ops": [
+    ("add", 0), ("fork", 0, 1), ("reserve", 1, 0),  # forking an empty sequence; reserving 0 tokens
+    ("reserve", 0, 3),  # 0: [A B(1/2)]: every block in use
+    ("free", 1), ("add", 1),  # id 1 again: a new, empty sequence
+    ("fork", 0, 2), ("reserve", 0, 0),  # with 0 free blocks a fork and an empty reserve still work
+    ("reserve", 2, 1),  # B is shared and partly filled: its copy needs a block, none is free
+    ("free", 0), ("reserve", 2, 1),  # 2 alone holds [A B] now: B filled in place, 0 blocks free
+    ("reserve", 1, 1),  # 1 needs its first block: none free
+    ("free", 2), ("fork", 1, 2), ("reserve", 2, 3),  # id 2 again, a fork of the empty 1: 2 = [C D]
+    ("free", 1), ("add", 0), ("reserve", 0, 1)], "seed": 12}  # id 0 again, and no block for it
+
+
+@CHECKS.add("ids reused after free and after fork; empty sequences and a pool with 0 free blocks",
+            uses="PagedKVCache.add_sequence")
+def reused_ids_and_edge_states(ctx):
+    ctx.case(EDGE_PROGRAM, replay)
+    ctx.forall(programs(blocks=(2, 8), max_ops=14, reuse=True), replay, max_examples=12)
+
+
+def _device_scenario(s):
+    api, where = s.ctx.t, "PagedKVCache(8, 4, 2, 2, 4, device=<the test device>)"
+    cache = s.call(where, api.PagedKVCache, 8, 4, 2, 2, 4, dtype=torch.float64, device=s.device)
+    s.expect_on([cache.k_pages, cache.v_pages], f"{where}.k_pages/.v_pages", "holds")
+    cache.add_sequence(0)
+    k, v = s.put(randn(1, 2, 6, 4)), s.put(randn(2, 2, 6, 4))  # (Hkv=2, T=6, D=4)
+    steps = [(0, 6, "reserve(0, 6)"), ("fork", 0, 1), (1, 1, "reserve(1, 1) on a shared, partly filled block"),
+             (0, 1, "reserve(0, 1)"), (0, 3, "reserve(0, 3) across a block boundary")]
+    for step in steps:
+        if step[0] == "fork":
+            cache.fork(step[1], step[2])
+            continue
+        seq, n, what = step
+        slots = s.call(what, cache.reserve, seq, n)
+        for layer in (0, 1):
+            s.call(f"write({layer}, slots, k, v) with the slots of {what}", cache.write, layer, slots,
+                   k[:, :n], v[:, :n])
+        s.call(f"gather({seq}, 1) after {what}", cache.gather, seq, 1)
+    cache.free(1)
+    s.call("gather(0, 0) after free(1)", cache.gather, 0, 0)
+
+
+@CHECKS.add("the pages live on the cache's device= and slots and gathers stay there", uses="PagedKVCache")
+def keeps_the_device(ctx):
+    ctx.case({"num_blocks": 8, "block_size": 4, "n_layers": 2, "n_kv_heads": 2, "head_dim": 4},
+             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

@@ -13,6 +13,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
+from grader.checks import devices
 from grader.checks.common import DTYPES, SEEDS, attention, chunks, load_linears, randn
 from grader.engine import Checks
 from grader.nn import apply_rope
@@ -74,7 +75,9 @@ def kept_positions_pinned(ctx):
 def kept_positions_rejects_bad_input(ctx):
     def body(c, ex):
         cases = [("seq_len=-1", (-1, 2, 3), "seq_len"), ("n_sink=-1", (5, -1, 3), "n_sink"),
-                 ("window=0", (5, 2, 0), "window"), ("window=-2", (5, 2, -2), "window")]
+                 ("window=0", (5, 2, 0), "window"), ("window=-2", (5, 2, -2), "window"),
+                 ("seq_len=2.5", (2.5, 2, 3), "seq_len"), ("n_sink=1.5", (5, 1.5, 3), "n_sink"),
+                 ("window=2.5", (5, 2, 2.5), "window")]
         for what, args, name in cases:
             exc = c.raises(ValueError, c.t.kept_positions, *args, what=f"kept_positions with {what}", example=ex)
             _named_in(c, exc, name, f"kept_positions with {what}", ex)
@@ -207,6 +210,32 @@ def cache_rejects_bad_input(ctx):
                                  ("v_new shaped unlike k_new", (K, V[:, :, :1]), "v_new")):
             exc = c.raises(ValueError, cache.update, *args, what=f"update with {what}", example=ex)
             _named_in(c, exc, name, f"update with {what}", ex)
+        for what, args, name in (("n_sink=1.5", (1.5, 3), "n_sink"), ("window=2.5", (1, 2.5), "window")):
+            exc = c.raises(ValueError, c.t.SinkKVCache, *args, what=f"SinkKVCache with {what}", example=ex)
+            _named_in(c, exc, name, f"SinkKVCache with {what}", ex)
+        c.call(cache.update, K[:, :, :1], V[:, :, :1])  # one token held: the next ones must be shaped alike
+        k, v = K[:, :, 1:], V[:, :, 1:]
+        for what, args in (("k_new = None", (None, v)), ("v_new = None", (k, None)),
+                           ("twice the batch of the token held", (torch.cat([k, k], 0), torch.cat([v, v], 0))),
+                           ("twice the heads of the token held", (torch.cat([k, k], 1), torch.cat([v, v], 1))),
+                           ("twice the head_dim of the token held", (torch.cat([k, k], 3), torch.cat([v, v], 3)))):
+            exc = c.raises(ValueError, cache.update, *args, what=f"update with {what}", example=ex)
+            if not _names(exc, "k_new", "v_new"):
+                c.fail(f"update with {what} raised ValueError({str(exc)!r}); the message should name k_new or "
+                       "v_new", ex, ("unnamed", what))
+        state = (len(cache), cache.tokens_seen)
+        if state != (1, 1):
+            c.fail(f"after one token and the refused updates, len(cache) and tokens_seen are {state}, expected "
+                   "(1, 1): a refused update changes nothing", ex, ("changed", state))
+        for base in (0.0, -10.0):  # refused when the cache is built, or at the latest by apply_rope on its update
+            what = f"SinkKVCache(1, 3, rope_base={base}), then update"
+            try:
+                exc = c.raises(ValueError, c.t.SinkKVCache(1, 3, base).update, k, v, what=what, example=ex)
+            except ValueError as error:
+                exc = error
+            if not _names(exc, "rope_base", "base"):
+                c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name rope_base", ex,
+                       ("unnamed", what))
 
     ctx.case({"n_sink": 1, "window": 3, "batch": 1, "heads": 2, "head_dim": 4, "dtype": torch.float32, "seed": 3}, body)
 
@@ -282,6 +311,94 @@ def attention_rejects_bad_input(ctx):
             cache = c.t.SinkKVCache(ex["n_sink"], ex["window"])
             exc = c.raises(ValueError, layer, arg, cache, what=f"forward with {what}", example=ex)
             _named_in(c, exc, "x", f"forward with {what}", ex)
+        what = "forward(x, cache) with a (K, V) pair as the cache, as katas 01 to 03 pass it"
+        exc = c.raises(ValueError, layer, x, (x, x), what=what, example=ex)
+        _named_in(c, exc, "cache", what, ex)
+        for what, args, names in (("n_heads=3 for d_model=8", (8, 3, 1, 2), ("n_heads", "d_model")),
+                                  ("d_model=0", (0, 2, 1, 2), ("d_model", "n_heads")),
+                                  ("n_sink=-1", (8, 2, -1, 2), ("n_sink",)), ("window=0", (8, 2, 1, 0), ("window",))):
+            exc = c.raises(ValueError, c.t.SinkAttention, *args, what=f"SinkAttention with {what}", example=ex)
+            if not _names(exc, *names):
+                c.fail(f"SinkAttention with {what} raised ValueError({str(exc)!r}); the message should name "
+                       f"{' or '.join(names)}", ex, ("unnamed", what))
+        what = "SinkAttention(8, 2, 1, 2, rope_base=0.0), then forward"
+        try:
+            bad = c.t.SinkAttention(8, 2, 1, 2, 0.0).to(device=c.device, dtype=ex["dtype"])
+            exc = c.raises(ValueError, bad, x, c.t.SinkKVCache(1, 2), what=what, example=ex)
+        except ValueError as error:
+            exc = error
+        if not _names(exc, "rope_base", "base"):
+            c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name rope_base", ex, ("unnamed", what))
 
     ctx.case({"n_sink": 1, "window": 2, "rope_base": 10000.0, "batch": 1, "n_heads": 2, "d_model": 8,
               "dtype": torch.float32, "seed": 4}, body)
+
+
+@CHECKS.add("kept_positions returns a list of Python ints", uses="kept_positions")
+def kept_positions_returns_ints(ctx):
+    def body(c, ex):
+        got = c.call(c.t.kept_positions, ex["seq_len"], ex["n_sink"], ex["window"])
+        kinds = sorted({type(i).__name__ for i in got}) if isinstance(got, (list, tuple, range)) else []
+        if not isinstance(got, list) or kinds not in ([], ["int"]):
+            c.fail(f"kept_positions({ex['seq_len']}, {ex['n_sink']}, {ex['window']}) returned {report.describe(got)}"
+                   f"{' of ' + ', '.join(kinds) if kinds else ''}; expected a list of int (not a range, a tuple or "
+                   "a tensor)", ex, ("type", report.describe(got), tuple(kinds)))
+
+    for seq_len, n_sink, window in ((10, 2, 4), (3, 4, 2), (9, 0, 3), (0, 1, 1)):
+        ctx.case({"seq_len": seq_len, "n_sink": n_sink, "window": window, "seed": 0}, body)
+
+
+# Two streams through one layer, in turn: a prefill that fills the cache, then one token at a time,
+# against a second stream that starts with one token. Each output must be its own stream's.
+TWO_STREAMS = {"n_sink": 1, "window": 3, "rope_base": 100.0, "batch": 1, "n_heads": 2, "d_model": 8,
+               "turns": [(0, 4), (1, 1), (0, 1), (1, 2), (0, 1), (1, 1), (1, 1), (0, 1)], "dtype": torch.float64,
+               "seed": 13}
+
+
+@CHECKS.add("one SinkAttention serves two caches in turn: what a stream needs lives in its cache, not the layer",
+            uses="SinkAttention.forward")
+def layer_keeps_no_state(ctx):
+    def body(c, ex):
+        layer = _layer(c.t, ex, c.device)
+        weights = [getattr(layer, n).weight.detach().cpu().clone() for n in ("wq", "wk", "wv", "wo")]
+        totals = [sum(T for s, T in ex["turns"] if s == stream) for stream in (0, 1)]
+        xs = [randn(ex["seed"] + 5 + s, ex["batch"], totals[s], ex["d_model"], dtype=ex["dtype"], device=c.device)
+              for s in (0, 1)]
+        caches = [c.t.SinkKVCache(ex["n_sink"], ex["window"], ex["rope_base"]) for _ in (0, 1)]
+        got, seen = {}, [0, 0]
+        for step, (s, T) in enumerate(ex["turns"], start=1):
+            got[f"step {step}, stream {s}"] = _snap(c.call(layer, xs[s][:, seen[s]:seen[s] + T], caches[s]))
+            seen[s] += T
+            kept = c.ref.kept_positions(seen[s], ex["n_sink"], ex["window"])
+            want = _oracle(ex, xs[s].cpu(), weights, kept, seen[s], T).to(c.device)
+            problem = report.compare(want, got[f"step {step}, stream {s}"], f"step {step} output")
+            if problem:
+                c.fail(f"one layer, two caches (streams 0 and 1), used in turn {ex['turns']} as (stream, new tokens); "
+                       f"at step {step} stream {s} has seen {seen[s]} tokens, so the new query sits at "
+                       f"{_slots(kept, T)} of ITS cache. Read positions from the cache, never from a count kept in "
+                       f"the layer\n  {problem}", ex, got)
+
+    ctx.case(TWO_STREAMS, body)
+    ctx.case({**TWO_STREAMS, "n_sink": 0, "window": 2, "turns": [(1, 2), (0, 1), (1, 1), (0, 1), (1, 1), (0, 1)],
+              "seed": 14}, body)
+
+
+def _device_scenario(s):
+    api, kv = s.ctx.t, [s.put(randn(i, 1, 2, 5, 4)) for i in range(2)]  # (B=1, H=2, T=5, D=4)
+    cache = api.SinkKVCache(1, 2)
+    s.call("SinkKVCache(1, 2).update(k_new, v_new) with 2 tokens", cache.update, kv[0][:, :, :2], kv[1][:, :, :2])
+    for t in range(2, 5):  # the cache holds 3: from the 4th token on, one is evicted per update
+        s.call(f"SinkKVCache(1, 2).update(k_new, v_new), token {t + 1}", cache.update,
+               kv[0][:, :, t:t + 1], kv[1][:, :, t:t + 1])
+    layer = devices.module_on(s, lambda: api.SinkAttention(8, 2, 1, 2))
+    x, cache = s.put(randn(2, 1, 5, 8, dtype=torch.float32)), api.SinkKVCache(1, 2)  # (B=1, T=5, d_model=8)
+    s.call("SinkAttention.forward(x, cache), a prefill of 2 tokens", layer, x[:, :2], cache)
+    for t in range(2, 5):
+        s.call(f"SinkAttention.forward(x, cache), token {t + 1}", layer, x[:, t:t + 1], cache)
+
+
+@CHECKS.add("every function keeps the inputs' device (no tensor made on the CPU by accident)",
+            uses="SinkKVCache.update")
+def keeps_the_device(ctx):
+    ctx.case({"n_sink": 1, "window": 2, "d_model": 8, "n_heads": 2},
+             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

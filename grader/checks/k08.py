@@ -16,6 +16,7 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 
+from grader.checks import devices
 from grader.checks.common import SEEDS, randn, value_error_names
 from grader.engine import Checks
 from grader.nn import Llama, LlamaConfig
@@ -370,6 +371,45 @@ def rejects_bad_input(ctx):
     ctx.case({"seed": 0}, body)
 
 
+@CHECKS.add("bad prompts, sizes, temperatures and pad ids raise ValueError naming the argument", uses="generate")
+def rejects_bad_arguments(ctx):
+    V = TINY["vocab_size"]
+
+    def body(c, ex):
+        model = _tiny_model(ex["seed"], c.device)
+        for what, args, kwargs, names in (
+                ("prompts as a flat list of ints", ([1, 2, 3], 3), {}, ("prompts",)),
+                ("a token id 2.5 in a prompt", ([[1, 2.5]], 3), {}, ("prompts",)),
+                (f"a token id {V}, outside a vocabulary of {V}", ([[1, V], [3]], 3), {}, ("prompts",)),
+                ("a negative token id", ([[4], [-1, 2]], 3), {}, ("prompts",)),
+                ("max_new_tokens = 1.5", ([[1, 2]], 1.5), {}, ("max_new_tokens",)),
+                ("temperature = -1.0", ([[1, 2]], 3), {"temperature": -1.0}, ("temperature",)),
+                ("pad_token_id = -1 and prompts of unequal lengths", ([[1, 2], [3]], 3), {"pad_token_id": -1},
+                 ("pad_token_id",)),
+                (f"pad_token_id = {V} (vocabulary {V}) and prompts of unequal lengths", ([[1], [2, 3]], 3),
+                 {"pad_token_id": V}, ("pad_token_id",))):
+            exc = c.raises(ValueError, c.t.generate, model, *args, what=f"generate with {what}", example=ex, **kwargs)
+            if not value_error_names(exc, names):
+                c.fail(f"generate with {what} raised ValueError({str(exc)!r}); the message should name {names[0]}",
+                       ex, ("unnamed", names[0]))
+
+    ctx.case({"seed": 0}, body)
+
+
+@CHECKS.add("nothing is kept between calls: a second generate on the same model starts afresh", uses="generate")
+def no_state_between_calls(ctx):
+    def body(c, ex):
+        model = _tiny_model(ex["seed"], c.device)
+        first = {"lengths": ex["first"], "max_new_tokens": ex["first_new"], "seed": ex["seed"]}
+        _rows(c, c.t.generate(model, _prompts(first), ex["first_new"], eos_token_id=ex["eos"]), len(ex["first"]), ex)
+        prompts = _prompts(ex)
+        rows = _rows(c, c.t.generate(model, prompts, ex["max_new_tokens"]), len(prompts), ex)
+        _verify(c, model, prompts, rows, ex, where="second call of generate on the same model: ")
+
+    ctx.case({"first": [9, 3, 6], "first_new": 5, "eos": 11, "lengths": [2, 7], "max_new_tokens": 3,
+              "pad_token_id": 0, "seed": 17}, body)
+
+
 @CHECKS.add("sampling: the same generator seed gives the same tokens", uses="generate")
 def sampling_is_reproducible(ctx):
     def body(c, ex):
@@ -446,3 +486,21 @@ def runs_on_the_model_device(ctx):
                    "cache on model.device", ex, ("cache device", away[0]))
 
     ctx.case({"lengths": [6, 3, 11, 1], "max_new_tokens": 5, "pad_token_id": 0, "eos_token_id": 7, "seed": 8}, body)
+
+
+DEVICE_MODEL = dict(TINY, vocab_size=16, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1)  # smaller still: the stand-in device is slow
+
+
+def _device_scenario(s):
+    model = devices.module_on(s, lambda: Llama(LlamaConfig(**DEVICE_MODEL)), dtype=torch.float64)
+    prompts, generate = [[5, 9, 2], [7]], s.ctx.t.generate
+    s.call("generate(model, [[5, 9, 2], [7]], 3, eos_token_id=0), the model on the test device", generate, model,
+           prompts, 3, eos_token_id=0)
+    s.call("generate(model, [[5, 9, 2], [7]], 2, temperature=1.0, generator=...), the model on the test device",
+           generate, model, prompts, 2, temperature=1.0, generator=torch.Generator().manual_seed(0))
+
+
+@CHECKS.add("generate keeps every tensor on the model's device (none made on the CPU by accident)", uses="generate")
+def keeps_the_device(ctx):
+    ctx.case({"lengths": [3, 1], "max_new_tokens": 3}, lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

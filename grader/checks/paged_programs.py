@@ -21,13 +21,14 @@ from grader.engine import Failure
 # -- programs -----------------------------------------------------------------------------------
 @st.composite
 def programs(draw, kinds=("reserve", "fork", "free", "add"), blocks=(6, 12), max_ops=10, max_reserve=5,
-             fork_first=False, block_sizes=(1, 4)):
+             fork_first=False, block_sizes=(1, 4), reuse=False):
     """An example dict whose ``ops`` is a valid program: ("add", s), ("reserve", s, n),
-    ("fork", parent, child), ("free", s). Seq ids are 0, 1, 2, … in order of creation."""
+    ("fork", parent, child), ("free", s). Seq ids are 0, 1, 2, … in order of creation; with
+    ``reuse``, a new sequence (added or forked) often takes the id of one freed before."""
     ex = {"num_blocks": draw(st.integers(*blocks)), "block_size": draw(st.integers(*block_sizes)),
           "layers": draw(st.integers(2, 3)), "heads": draw(st.integers(1, 2)),
           "head_dim": draw(st.sampled_from([1, 2])), "dtype": draw(DTYPES)}
-    ops, live = [("add", 0)], [0]
+    ops, live, freed = [("add", 0)], [0], []
     if fork_first:  # a partly filled prompt, then a fork: the copy-on-write situation
         ops += [("reserve", 0, draw(st.integers(1, 7))), ("fork", 0, 1)]
         live.append(1)
@@ -37,6 +38,8 @@ def programs(draw, kinds=("reserve", "fork", "free", "add"), blocks=(6, 12), max
         kind = draw(st.sampled_from([k for k in kinds if live or k == "add"]))
         if kind == "add" or kind == "fork":
             child = max((o[-1] for o in ops if o[0] in ("add", "fork")), default=-1) + 1
+            if reuse and freed and draw(st.booleans()):
+                child = freed.pop(draw(st.integers(0, len(freed) - 1)))
             ops.append(("add", child) if kind == "add" else ("fork", draw(st.sampled_from(live)), child))
             live.append(child)
         elif kind == "reserve":
@@ -45,6 +48,7 @@ def programs(draw, kinds=("reserve", "fork", "free", "add"), blocks=(6, 12), max
             seq = draw(st.sampled_from(live))
             ops.append(("free", seq))
             live.remove(seq)
+            freed.append(seq)
     ex["ops"] = ops
     ex["seed"] = draw(SEEDS)
     return ex
@@ -95,7 +99,7 @@ class Model:
     def needs(self, seq, n) -> tuple[int, bool]:
         """Blocks a reservation takes (fresh ones + a copy) and whether it copies."""
         table, length = self.labels[seq], self.lens[seq]
-        copy = length % self.P > 0 and self.refs(table[-1]) > 1
+        copy = n > 0 and length % self.P > 0 and self.refs(table[-1]) > 1
         return math.ceil((length + n) / self.P) - len(table) + copy, copy
 
     def reserve(self, seq, n, chunks):
@@ -208,9 +212,11 @@ class Replay:
         except self.api.OutOfBlocksError as exc:
             self.fail(f"reserve({seq}, {n}) raised OutOfBlocksError({exc}), but it needs only {needed} block(s) "
                       f"and {self.model.num_free} are free", ("out of blocks too early",))
-        if not isinstance(slots, torch.Tensor) or tuple(slots.shape) != (n,) or slots.is_floating_point():
-            self.fail(f"reserve({seq}, {n}) returned {report.describe(slots)}; expected a LongTensor of {n} slots",
-                      ("slots type", report.describe(slots)))
+        if not isinstance(slots, torch.Tensor) or tuple(slots.shape) != (n,) or slots.dtype != torch.long:
+            self.fail(f"reserve({seq}, {n}) returned {report.describe(slots)}; expected a LongTensor (torch.int64) "
+                      f"of {n} slots", ("slots type", report.describe(slots)))
+        if n == 0:  # nothing to write; the invariants check that nothing changed
+            return
         chunks = [new_kv(self.ex, self.step, layer, n, self.ctx.device) for layer in range(self.ex["layers"])]
         self.model.reserve(seq, n, chunks)
         table, P = [int(b) for b in self.cache.block_table(seq)], self.ex["block_size"]
@@ -258,9 +264,16 @@ class Replay:
     def invariants(self):
         cache, model, P = self.cache, self.model, self.ex["block_size"]
         for seq, length in model.lens.items():
-            got = cache.seq_len(seq)
+            got, table = cache.seq_len(seq), cache.block_table(seq)
+            if isinstance(got, bool) or not isinstance(got, int):
+                self.fail(f"seq_len({seq}) returned {report.describe(got)}; expected the int {length}",
+                          ("seq_len type", report.describe(got)))
             if got != length:
                 self.fail(f"seq_len({seq}) is {got!r}, expected {length}", ("seq_len", seq, got))
+            if not isinstance(table, list) or any(isinstance(b, bool) or not isinstance(b, int) for b in table):
+                self.fail(f"block_table({seq}) returned {report.describe(table)} of "
+                          f"{sorted({type(b).__name__ for b in table}) if isinstance(table, (list, tuple)) else '?'}; "
+                          "expected a list of int block ids", ("block_table type", report.describe(table)))
         tables = self.tables()
         for seq, table in tables.items():
             want = math.ceil(model.lens[seq] / P)

@@ -65,4 +65,30 @@ MISTAKES = [
         hint="After a 5-token prefill, what should seq_len return?",
         edits=(("return self._layers[layer][0].shape[2] if", "return 1 if"),),
     ),
+    Mistake(
+        name="queries kept in the layer",
+        why="a query is needed only for its own token's output, in its own step; storing every query makes a "
+            "QKV cache that grows with the sequence and is never read.",
+        hint="Which of q, k and v does a later step ever read again?",
+        edits=(("        q = self._heads(self.wq(x))  # (B, H, T, D)\n",
+                "        q = self._heads(self.wq(x))  # (B, H, T, D)\n"
+                "        self.queries = q if cache is None else torch.cat([self.queries, q], dim=2)\n"),),
+    ),
+    Mistake(
+        name="a cache's K and V not checked against each other",
+        why="a cache handed back with keys and values of different lengths (or dtypes) is silently grown into "
+            "a pair whose rows no longer belong together.",
+        hint="Before you append, what must be true of the K and the V you were given?",
+        edits=(("    if K.shape != V.shape or K.dtype != V.dtype:\n", "    if False:\n"),),
+    ),
+    Mistake(
+        name="a layer past the end stored as the next layer",
+        why="update(2, ...) on a cache holding no layer appends at index 0, so layer 2's tokens are read back "
+            "as layer 0's and seq_len(2) says 0.",
+        hint="Which list index does layer 2 end up at when layers 0 and 1 were never updated?",
+        edits=(("or not 0 <= layer <= len(self._layers):", "or layer < 0:"),
+               ("        if layer == len(self._layers):\n            self._layers.append(append_kv(None, k_new, v_new))\n",
+                "        if layer >= len(self._layers):\n            self._layers.append(append_kv(None, k_new, v_new))\n"
+                "            return self._layers[-1]\n")),
+    ),
 ]

@@ -77,4 +77,18 @@ MISTAKES = [
         edits=(("        scores = scores.masked_fill(",
                 "        if cache is None:\n            scores = scores.masked_fill("),),
     ),
+    Mistake(
+        name="the layer counts positions itself",
+        why="a counter kept in the layer knows only the calls it saw; the cache handed in says how many tokens "
+            "came before, so two sequences served by one layer (or a cache rebuilt elsewhere) get wrong positions.",
+        hint="Where does forward learn how many tokens are already cached?",
+        edits=(("        past = 0 if cache is None else cache[0].shape[2]  # the cache position\n",
+                "        past = 0 if cache is None else self.seen  # the cache position\n        self.seen = past + T\n"),),
+    ),
+    Mistake(
+        name="fractional lengths truncated",
+        why="int(2.5) quietly becomes 2, so a length that cannot be right gives a plausible answer instead of an error.",
+        hint="What should position_ids(2.5, 3) do: round, or refuse?",
+        edits=(("        n = operator.index(value)\n", "        n = int(value)\n"),),
+    ),
 ]

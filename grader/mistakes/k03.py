@@ -71,4 +71,29 @@ MISTAKES = [
                 "        k = apply_rope(self._split(self.wk(self._seen), self.n_kv_heads), every, self.rope_base)\n"
                 "        v = self._split(self.wv(self._seen), self.n_kv_heads)\n"),),
     ),
+    Mistake(
+        name="a cache handed back in not checked",
+        why="a cache with other heads, another head width or K and V of different lengths reaches torch.cat, "
+            "which either fails with a message about tensors or quietly builds a pair that does not line up.",
+        hint="Before you concatenate, what must the cached K and V share with the new keys and values?",
+        edits=(("        _expect_cache(cache, B, self.n_kv_heads, self.head_dim, x.dtype)\n", ""),),
+    ),
+    Mistake(
+        name="the layer keeps its own cache",
+        why="keys and values kept in the layer mix up the sequences one layer serves; the cache that is handed "
+            "in and returned is the only memory a call may use.",
+        hint="Which cache does forward read when two sequences take turns through the same layer?",
+        edits=(("            k = torch.cat([cache[0], k], dim=2)  # (B, Hkv, S, D)\n"
+                "            v = torch.cat([cache[1], v], dim=2)  # (B, Hkv, S, D)\n",
+                "            k = torch.cat([self.kv[0], k], dim=2)  # (B, Hkv, S, D)\n"
+                "            v = torch.cat([self.kv[1], v], dim=2)  # (B, Hkv, S, D)\n        self.kv = (k, v)\n"),),
+    ),
+    Mistake(
+        name="head_dim=0 taken as not given",
+        why="`head_dim or d_model // n_q_heads` treats an explicit 0 like None and quietly builds a layer of "
+            "another width instead of refusing a size that cannot work.",
+        hint="Which values of head_dim mean \"use the default\", and which are mistakes to report?",
+        edits=(("head_dim = d_model // n_q_heads if head_dim is None else head_dim",
+                "head_dim = head_dim or d_model // n_q_heads"),),
+    ),
 ]

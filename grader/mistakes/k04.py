@@ -105,4 +105,19 @@ MISTAKES = [
         hint="Does q @ K.transpose(-2, -1) skip the entries the mask will hide?",
         edits=(("return m * (m + 1) * (2 * m + 1) // 6", "return m * (m + 1) * (m + 2) // 6"),),
     ),
+    Mistake(
+        name="hidden_size demanded when head_dim is given",
+        why="hidden_size only matters as the default for a missing head_dim; a config that gives head_dim may "
+            "leave hidden_size out or null, and the cache size does not depend on it.",
+        hint="Which fields does the formula multiply? Read hidden_size only on the path that needs it.",
+        edits=(('    head_dim = text.get("head_dim")\n',
+                '    hidden_size = _field(text, "hidden_size")\n    head_dim = text.get("head_dim")\n'),),
+    ),
+    Mistake(
+        name="dtype read only at the top level",
+        why="a multimodal config may keep the dtype inside text_config alone; the language model's own "
+            "dtype is the one its cache uses.",
+        hint="When text_config is there, where does the language model say which dtype it runs in?",
+        edits=(("    for source in (text, config):\n", "    for source in (config,):\n"),),
+    ),
 ]

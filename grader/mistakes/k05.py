@@ -108,4 +108,18 @@ MISTAKES = [
         hint="Which layer numbers exist in a cache of n_layers layers?",
         edits=(("not 0 <= layer < len(self.keys)", "not -len(self.keys) <= layer < len(self.keys)"),),
     ),
+    Mistake(
+        name="a size of 0 accepted",
+        why="a cache with max_len=0 (or no layers, no heads) is built without complaint and fails far away, "
+            "at the first update or inside attention, where nobody can tell which size was wrong.",
+        hint="Is 0 a positive int? Which check lets it through?",
+        edits=(("or not isinstance(value, int) or value < 1:", "or not isinstance(value, int) or value < 0:"),),
+    ),
+    Mistake(
+        name="a full layer refuses its last slot",
+        why="an update that ends exactly at max_len fits, but `end >= max_len` raises CacheFullError for it: "
+            "the cache never holds more than max_len - 1 tokens.",
+        hint="Slots run 0 … max_len-1; after writing slots start … end-1, is end == max_len an overflow?",
+        edits=(("        if end > self.max_len:", "        if end >= self.max_len:"),),
+    ),
 ]

@@ -91,4 +91,28 @@ MISTAKES = [
         hint="What should decref do when the block's count is already zero?",
         edits=(('self._expect_held(block, "decref")', "self._expect_known(block)"),),
     ),
+    Mistake(
+        name="incref of a free block accepted",
+        why="a free block given a holder stays on the free list, so allocate() can hand it out again while a "
+            "table still points at it: two sequences then write into one block.",
+        hint="Which blocks may gain a holder: any known id, or only one that is allocated?",
+        edits=(('self._expect_held(block, "incref")', "self._expect_known(block)"),),
+    ),
+    Mistake(
+        name="slots as int32",
+        why="reserve returned int32 slots; the API promises a LongTensor (int64), the dtype PyTorch indexing and "
+            "the callers of reserve expect.",
+        hint="Which dtype does torch.tensor(...) get when you pass dtype=, and which one does the API promise?",
+        edits=(("slot, dtype=torch.long, device", "slot, dtype=torch.int32, device"),
+               ("blocks = torch.tensor(table, dtype=torch.long)[", "blocks = torch.tensor(table, dtype=torch.int32)[")),
+    ),
+    Mistake(
+        name="a freed id cannot be added again",
+        why="free drops the table but keeps the length, and add_sequence looks for the id among the lengths: "
+            "an id used once is refused forever, although serving engines reuse request ids.",
+        hint="After free(seq_id), is any trace of seq_id left in your dicts?",
+        edits=(("        del self._lens[seq_id]\n", ""),
+               ("        if seq_id in self._tables:\n            raise ValueError(f\"seq_id: sequence {seq_id!r} is already",
+                "        if seq_id in self._lens:\n            raise ValueError(f\"seq_id: sequence {seq_id!r} is already")),
+    ),
 ]

@@ -79,4 +79,20 @@ MISTAKES = [
         edits=(("        if T > 1 and len(self) + T > self.n_sink + self.window:\n",
                 "        if False:\n"),),
     ),
+    Mistake(
+        name="the layer counts the tokens itself",
+        why="the layer keeps its own count of tokens held instead of reading it from the cache it is given, so "
+            "the same layer serving a second cache (another request, another sequence) rotates queries wrongly.",
+        hint="Where does the number of kept tokens live, and what tells you it after cache.update?",
+        edits=(("        n = K.shape[2]\n",
+                "        self._n = n = min(getattr(self, \"_n\", 0) + T, self.n_sink + self.window)  # tokens held\n"),),
+    ),
+    Mistake(
+        name="any object taken as the cache",
+        why="forward calls cache.update on whatever it is given; a (K, V) pair from katas 01 to 03 fails deep "
+            "inside with an AttributeError instead of a ValueError naming cache.",
+        hint="What should forward do when cache is not a SinkKVCache?",
+        edits=(("        if not isinstance(cache, SinkKVCache):\n"
+                "            raise ValueError(f\"cache: expected a SinkKVCache, got {type(cache).__name__}\")\n", ""),),
+    ),
 ]

@@ -118,4 +118,24 @@ MISTAKES = [
         edits=(("torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator)",
                 "torch.multinomial(torch.softmax(scaled, dim=-1), 1)"),),
     ),
+    Mistake(
+        name="negative temperature accepted",
+        why="softmax(logits / T) with T < 0 turns the distribution upside down: the least likely tokens "
+            "become the most likely, silently.",
+        hint="Which temperatures have a meaning, and what should generate do with the others?",
+        edits=(("    if temperature < 0:\n"
+                "        raise ValueError(f\"temperature: expected a number >= 0 (0 is greedy), got {temperature!r}\")\n",
+                ""),),
+    ),
+    Mistake(
+        name="the cache kept on the model between calls",
+        why="the cache built for one call is stored on the model and reused by the next, whose batch, "
+            "lengths and slots are different: the second call reads the first call's keys and values.",
+        hint="What does a call of generate leave behind, and which call may read it?",
+        edits=(("    cache = _StaticCache(config.num_hidden_layers, B, S, config.num_key_value_heads, config.head_dim,\n"
+                "                         model.dtype, device)\n",
+                "    cache = getattr(model, \"kv_cache\", None) or _StaticCache(\n"
+                "        config.num_hidden_layers, B, S, config.num_key_value_heads, config.head_dim, model.dtype, device)\n"
+                "    model.kv_cache = cache  # kept for the next call\n"),),
+    ),
 ]

@@ -71,6 +71,6 @@ class SinkAttention(nn.Module):
 
         New token i sits at slot n - T + i of the cache after the update (n = len(cache)); its
         query is rotated there, and it attends to slots 0 … n - T + i. A 2-D x, or one of the
-        wrong width, raises ValueError naming x.
+        wrong width, raises ValueError naming x; a ``cache`` that is not a SinkKVCache, naming cache.
         """
         raise NotImplementedError("kata 07: SinkAttention.forward — see README, task 3")

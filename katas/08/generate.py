@@ -39,7 +39,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, *, eos_token_
     A row stops after its first ``eos_token_id`` (which it includes). One prefill over the prompts,
     left-padded with ``pad_token_id`` to (B, P), then one-token decode steps over a cache allocated
     once. Greedy at ``temperature`` 0; otherwise draws from softmax(logits / temperature) with
-    ``generator``. Runs on ``model.device``. An empty prompt or a negative ``max_new_tokens``
-    raises ValueError.
+    ``generator``. Runs on ``model.device``. ValueError naming the argument for prompts that are
+    not lists of int token ids of the vocabulary, an empty prompt, a negative ``max_new_tokens``
+    or ``temperature``, and a ``pad_token_id`` outside the vocabulary (pads are fed to the model).
     """
     raise NotImplementedError("kata 08: generate — see README, tasks 2 and 3")

@@ -23,17 +23,23 @@ def append_kv(cache, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Te
     _expect_kv("v_new", v_new)
     if k_new.shape != v_new.shape:
         raise ValueError(f"v_new: expected the shape of k_new {tuple(k_new.shape)}, got {tuple(v_new.shape)}")
+    if k_new.dtype != v_new.dtype:
+        raise ValueError(f"v_new: expected the dtype of k_new {k_new.dtype}, got {v_new.dtype}")
     if cache is None:
         return k_new, v_new
+    if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+        raise ValueError(f"cache: expected None or a pair (K, V), got {type(cache).__name__}")
     K, V = cache
     _expect_kv("cache keys", K)
     _expect_kv("cache values", V)
-    for name, old in (("cache keys", K), ("cache values", V)):
-        if old.shape[:2] != k_new.shape[:2] or old.shape[3] != k_new.shape[3]:
-            raise ValueError(
-                f"k_new: expected (batch, heads, *, head_dim) = {tuple(old.shape[:2])} and {old.shape[3]} "
-                f"to match the {name} {tuple(old.shape)}, got {tuple(k_new.shape)}"
-            )
+    if K.shape != V.shape or K.dtype != V.dtype:
+        raise ValueError(f"cache: expected keys and values of one shape and dtype, got {tuple(K.shape)} {K.dtype} "
+                         f"and {tuple(V.shape)} {V.dtype}")
+    if K.shape[:2] != k_new.shape[:2] or K.shape[3] != k_new.shape[3]:
+        raise ValueError(f"k_new: expected (batch, heads, *, head_dim) = {tuple(K.shape[:2])} and {K.shape[3]} "
+                         f"to match the cache keys {tuple(K.shape)}, got {tuple(k_new.shape)}")
+    if K.dtype != k_new.dtype:
+        raise ValueError(f"k_new: expected the cache's dtype {K.dtype}, got {k_new.dtype}")
     # Why dim=2: the sequence axis; batch, heads and head width stay fixed.
     K = torch.cat([K, k_new], dim=2)  # (B, H, S + T, D)
     V = torch.cat([V, v_new], dim=2)  # (B, H, S + T, D)
@@ -48,7 +54,7 @@ class DynamicKVCache:
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append to ``layer`` and return that layer's whole cache (K, V)."""
-        if not isinstance(layer, int) or not 0 <= layer <= len(self._layers):
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= len(self._layers):
             raise ValueError(f"layer: expected an int from 0 to {len(self._layers)}, got {layer!r}")
         if layer == len(self._layers):
             self._layers.append(append_kv(None, k_new, v_new))

@@ -46,6 +46,20 @@ def causal_mask(past_len: int, new_len: int, device=None) -> torch.Tensor:
     return cols <= rows  # (T, S)
 
 
+def _expect_cache(cache, batch: int, heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    """``cache`` is None or a pair (K, V), each (batch, heads, past_len, head_dim) in ``dtype``."""
+    if cache is None:
+        return
+    pair = isinstance(cache, (tuple, list)) and len(cache) == 2 and all(isinstance(t, torch.Tensor) for t in cache)
+    if not pair:
+        raise ValueError(f"cache: expected None or the pair (K, V) a previous call returned, got {type(cache).__name__}")
+    K, V = cache
+    if K.shape != V.shape or K.dim() != 4 or (K.shape[0], K.shape[1], K.shape[3]) != (batch, heads, head_dim) \
+            or K.dtype != dtype or V.dtype != dtype:
+        raise ValueError(f"cache: expected K and V of shape ({batch}, {heads}, past_len, {head_dim}) in {dtype}, "
+                         f"got {tuple(K.shape)} {K.dtype} and {tuple(V.shape)} {V.dtype}")
+
+
 class RopeAttention(nn.Module):
     """Multi-head causal self-attention with rotary positions and a KV cache."""
 
@@ -75,6 +89,7 @@ class RopeAttention(nn.Module):
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x: expected (batch, seq, {self.d_model}), got {got}")
         B, T, _ = x.shape
+        _expect_cache(cache, B, self.n_heads, self.head_dim, x.dtype)
         past = 0 if cache is None else cache[0].shape[2]  # the cache position
         pos = position_ids(past, T, device=x.device)  # (T,)
         q = apply_rope(self._heads(self.wq(x)), pos, self.rope_base)  # (B, H, T, D)

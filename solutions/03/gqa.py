@@ -29,6 +29,20 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(B, H, n_rep, S, D).reshape(B, H * n_rep, S, D)  # (B, Hkv * n_rep, S, D)
 
 
+def _expect_cache(cache, batch: int, heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    """``cache`` is None or a pair (K, V), each (batch, heads, past_len, head_dim) in ``dtype``."""
+    if cache is None:
+        return
+    pair = isinstance(cache, (tuple, list)) and len(cache) == 2 and all(isinstance(t, torch.Tensor) for t in cache)
+    if not pair:
+        raise ValueError(f"cache: expected None or the pair (K, V) a previous call returned, got {type(cache).__name__}")
+    K, V = cache
+    if K.shape != V.shape or K.dim() != 4 or (K.shape[0], K.shape[1], K.shape[3]) != (batch, heads, head_dim) \
+            or K.dtype != dtype or V.dtype != dtype:
+        raise ValueError(f"cache: expected K and V of shape ({batch}, {heads}, past_len, {head_dim}) in {dtype}, "
+                         f"got {tuple(K.shape)} {K.dtype} and {tuple(V.shape)} {V.dtype}")
+
+
 class GQAttention(nn.Module):
     """Causal self-attention with n_q_heads query heads sharing n_kv_heads cached key/value heads, with RoPE."""
 
@@ -66,6 +80,7 @@ class GQAttention(nn.Module):
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x: expected (batch, seq, {self.d_model}), got {got}")
         B, T, _ = x.shape
+        _expect_cache(cache, B, self.n_kv_heads, self.head_dim, x.dtype)
         past = 0 if cache is None else cache[0].shape[2]  # the cache position
         pos = torch.arange(past, past + T, device=x.device)  # (T,)
         q = apply_rope(self._split(self.wq(x), self.n_q_heads), pos, self.rope_base)  # (B, Hq, T, D)

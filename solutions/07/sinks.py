@@ -116,11 +116,13 @@ class SinkAttention(nn.Module):
 
         New token i sits at slot n - T + i of the cache after the update (n = len(cache)); its
         query is rotated there, and it attends to slots 0 … n - T + i. A 2-D x, or one of the
-        wrong width, raises ValueError naming x.
+        wrong width, raises ValueError naming x; a ``cache`` that is not a SinkKVCache, naming cache.
         """
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x: expected (batch, seq, {self.d_model}), got {got}")
+        if not isinstance(cache, SinkKVCache):
+            raise ValueError(f"cache: expected a SinkKVCache, got {type(cache).__name__}")
         B, T, _ = x.shape
         K, V = cache.update(self._heads(self.wk(x)), self._heads(self.wv(x)))  # (B, H, n, D), keys rotated
         n = K.shape[2]

@@ -36,7 +36,11 @@ def _check_args(prompts, max_new_tokens, temperature) -> None:
         raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
     if temperature < 0:
         raise ValueError(f"temperature: expected a number >= 0 (0 is greedy), got {temperature!r}")
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts: expected a list of lists of token ids, got {type(prompts).__name__}")
     for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"prompts: prompt {i} should be a list of int token ids, got {prompt!r}")
         if len(prompt) == 0:
             raise ValueError(f"prompts: prompt {i} is empty; every prompt needs at least one token")
 
@@ -57,8 +61,9 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, *, eos_token_
     A row stops after its first ``eos_token_id`` (which it includes). One prefill over the prompts,
     left-padded with ``pad_token_id`` to (B, P), then one-token decode steps over a cache allocated
     once. Greedy at ``temperature`` 0; otherwise draws from softmax(logits / temperature) with
-    ``generator``. Runs on ``model.device``. An empty prompt or a negative ``max_new_tokens``
-    raises ValueError.
+    ``generator``. Runs on ``model.device``. ValueError naming the argument for prompts that are
+    not lists of int token ids of the vocabulary, an empty prompt, a negative ``max_new_tokens``
+    or ``temperature``, and a ``pad_token_id`` outside the vocabulary (pads are fed to the model).
     """
     _check_args(prompts, max_new_tokens, temperature)
     if not prompts or max_new_tokens == 0:
@@ -70,8 +75,10 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, *, eos_token_
     ids = torch.full((B, P), pad_token_id, dtype=torch.long)
     for b, prompt in enumerate(prompts):
         ids[b, P - len(prompt):] = torch.tensor(prompt)  # left padding: every prompt ends at column P-1
+    if not isinstance(pad_token_id, int) or not 0 <= pad_token_id < config.vocab_size:  # it is fed to the model
+        raise ValueError(f"pad_token_id: expected a token id in 0 … {config.vocab_size - 1}, got {pad_token_id!r}")
     if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:  # checked here, on the host: no sync
-        raise ValueError(f"prompts: token ids and pad_token_id must lie in 0 … {config.vocab_size - 1}, "
+        raise ValueError(f"prompts: token ids must lie in 0 … {config.vocab_size - 1}, "
                          f"got ids from {int(ids.min())} to {int(ids.max())}")
     lengths = torch.tensor([len(p) for p in prompts])
     ids, lengths = ids.to(device), lengths.to(device)
