@@ -274,14 +274,20 @@ def nbytes_formula(ctx):
     # 2 × (2·1·2·4·8·4/8 + 2·4·1·2·8 + 2·4·1·2·4) + 2·4·1·2·2·8 = 2 × (64 + 128 + 64) + 256 = 768 bytes.
     def body(c, ex):
         cache = c.t.QuantizedKVCache(n_bits=ex["n_bits"], residual_len=ex["residual_len"])
-        k, v = stream(ex, 0, ex["tokens"], c.device)
-        c.call(cache.update, 1, k, v)
-        got = (cache.nbytes(0), cache.nbytes(1), cache.nbytes(), cache.seq_len(0), cache.seq_len(1))
-        want = (0, formula_nbytes(ex, ex["tokens"]), formula_nbytes(ex, ex["tokens"]), 0, ex["tokens"])
-        if got != want or any(isinstance(n, bool) or not isinstance(n, int) for n in got):
-            c.fail(f"after update(1, …) with {ex['tokens']} tokens, (nbytes(0), nbytes(1), nbytes(), seq_len(0), "
-                   f"seq_len(1)) = {got!r}, expected {want}: layer 0 was never updated and holds 0", ex,
-                   ("nbytes", got))
+        R = ex["residual_len"]
+        chunks = [ex["tokens"], 1, R + 1, 3 * R + 1]  # then past a group boundary, then several groups at once
+        k, v = stream(ex, 0, sum(chunks), c.device)
+        seen, S = [], 0
+        for n in chunks:
+            _, V = c.call(cache.update, 1, k[:, :, S:S + n], v[:, :, S:S + n])
+            S += n
+            seen.append((cache.nbytes(0), cache.nbytes(1), cache.nbytes(), cache.seq_len(0), cache.seq_len(1)))
+            want = (0, formula_nbytes(ex, S), formula_nbytes(ex, S), 0, S)
+            if seen[-1] != want or any(isinstance(n, bool) or not isinstance(n, int) for n in seen[-1]):
+                c.fail(f"after updates of layer 1 with {chunks[:len(seen)]} tokens, (nbytes(0), nbytes(1), nbytes(), "
+                       f"seq_len(0), seq_len(1)) = {seen[-1]!r}, expected {want}: {S // R} group(s) of packed codes "
+                       f"+ their scales and zeros, {S % R} residual token(s); layer 0 was never updated and holds 0",
+                       ex, ("nbytes", tuple(seen), V.detach().cpu()))
 
     ctx.case({"n_bits": 4, "residual_len": 4, "batch": 1, "heads": 2, "head_dim": 8, "dtype": torch.float32,
               "tokens": 10, "seed": 1}, body)

@@ -88,16 +88,17 @@ def trailing_exact(V: torch.Tensor, v_in: torch.Tensor) -> int:
 
 
 class Replay:
-    """Runs ``ex["ops"]`` (then R + 1 more tokens on the first layer used) and checks every step.
+    """Runs ``ex["ops"]`` (then R + 1 and 3R + 1 more tokens on the first layer used), checking every step.
 
     The first problem found is raised at the end, with ``observed`` = (what failed, the offending
-    value, and every step's (S, tokens returned bit for bit)), so a known mistake is recognised by
+    value, and every step's (S, tokens returned bit for bit, nbytes)), so a known mistake is recognised by
     its whole behaviour, not by one step that several mistakes share.
     """
 
     def __init__(self, ctx, ex: dict):
         self.ctx, self.ex = ctx, ex
-        self.ops = list(ex["ops"]) + [(ex["ops"][0][0], ex["residual_len"] + 1)]
+        R, first = ex["residual_len"], ex["ops"][0][0]
+        self.ops = list(ex["ops"]) + [(first, R + 1), (first, 3 * R + 1)]  # the tail: past R, then many groups
         totals = {}
         for layer, n in self.ops:
             totals[layer] = totals.get(layer, 0) + n
@@ -134,7 +135,7 @@ class Replay:
                 self.fail(step, f"update returned {name} = {report.describe(t)}; expected the whole layer, "
                           f"{want} = (B, Hkv, S, D), in the inputs' dtype {ex['dtype']}", ("returned", name))
         K, V = out
-        self.flushes.append((S, trailing_exact(V, v_in)))
+        self.flushes.append((S, trailing_exact(V, v_in), self.cache.nbytes(layer)))
         Q = R * (S // R)
         if not (torch.equal(K[:, :, Q:], k_in[:, :, Q:]) and torch.equal(V[:, :, Q:], v_in[:, :, Q:])):
             self.note(step, f"the last S % R = {S - Q} token(s) (positions {Q} … {S - 1}) must come back bit "
@@ -174,7 +175,7 @@ class Replay:
     def fail(self, step: int, what: str, observed: tuple):
         lines = []
         for i, (layer, n) in enumerate(self.ops[: step + 1]):
-            tail = "   (the checks' extra step)" if i == len(self.ex["ops"]) else ""
+            tail = "   (the checks' extra step)" if i >= len(self.ex["ops"]) else ""
             lines.append(f"    {'→' if i == step else ' '} {i:2d}  update(layer={layer}, {n} new token(s)){tail}")
         head = {k: v for k, v in self.ex.items() if k != "ops"}
         raise Failure(f"on input {report.describe_input(head)}, the calls (→ marks the failing one):\n"
