@@ -22,24 +22,24 @@ def quantize(x: torch.Tensor, n_bits: int, dim: int) -> tuple[torch.Tensor, torc
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """``codes * scale + zero`` in scale's dtype; scale and zero broadcast against codes."""
-    raise NotImplementedError("kata 09: dequantize — see README, task 1")
+    raise NotImplementedError("kata 09: dequantize — see README, task 2")
 
 
 def pack(codes: torch.Tensor, n_bits: int) -> torch.Tensor:
     """Pack ``8 // n_bits`` codes per byte along the last axis: (..., N) -> (..., N // (8 // n_bits))."""
-    raise NotImplementedError("kata 09: pack — see README, task 2")
+    raise NotImplementedError("kata 09: pack — see README, task 3")
 
 
 def unpack(packed: torch.Tensor, n_bits: int) -> torch.Tensor:
     """Invert ``pack``: (..., M) -> (..., M * (8 // n_bits)) uint8 codes."""
-    raise NotImplementedError("kata 09: unpack — see README, task 2")
+    raise NotImplementedError("kata 09: unpack — see README, task 4")
 
 
 class QuantizedKVCache:
     """Per layer: groups of R quantized tokens (packed codes, scales, zeros) + a full-precision residual."""
 
     def __init__(self, n_bits: int = 4, residual_len: int = 32):
-        raise NotImplementedError("kata 09: QuantizedKVCache — see README, task 3")
+        raise NotImplementedError("kata 09: QuantizedKVCache — see README, task 5")
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k_new``, ``v_new`` (B, Hkv, T, D) to ``layer``; return the whole layer dequantized.
@@ -47,12 +47,12 @@ class QuantizedKVCache:
         Returns ``(K, V)``, each (B, Hkv, S, D) in the inputs' dtype: the first R * (S // R) tokens
         dequantized from their groups, the last S % R exactly as given.
         """
-        raise NotImplementedError("kata 09: QuantizedKVCache.update — see README, task 3")
+        raise NotImplementedError("kata 09: QuantizedKVCache.update — see README, task 5")
 
     def seq_len(self, layer: int = 0) -> int:
         """Tokens held by ``layer`` (0 for a layer never updated)."""
-        raise NotImplementedError("kata 09: QuantizedKVCache.seq_len — see README, task 3")
+        raise NotImplementedError("kata 09: QuantizedKVCache.seq_len — see README, task 5")
 
     def nbytes(self, layer: int | None = None) -> int:
         """Bytes held by ``layer`` (codes as packed, scales, zeros, residual); all layers when None."""
-        raise NotImplementedError("kata 09: QuantizedKVCache.nbytes — see README, task 4")
+        raise NotImplementedError("kata 09: QuantizedKVCache.nbytes — see README, task 5")
