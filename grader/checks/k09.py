@@ -230,7 +230,7 @@ def cache_chunking_invariant(ctx):
 
     def body(c, ex):
         one_by_one, chunked = state(c.t, ex, False), state(c.t, ex, True)
-        problem = report.compare(one_by_one, chunked, "chunked")
+        problem = report.compare(one_by_one, chunked, "fed in chunks (got) against one at a time (expected)")
         if problem:
             c.fail(f"{ex['total']} tokens fed in chunks {ex['chunks']} leave another cache than the same tokens fed "
                    f"one at a time:\n  {problem}\n  flush every full group of R = {ex['residual_len']}, oldest first, "

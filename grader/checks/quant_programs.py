@@ -150,9 +150,11 @@ class Replay:
                 if found:
                     index, error, bound, why = found
                     at = list(index[:2]) + [g * R + index[2], index[3]]
+                    detail = (f"error {error:.3g}, half a step {bound:.3g}" if why.startswith("farther")
+                              else f"a step is {2 * bound:.3g}")
                     self.note(step, f"{name} of group {g} (positions {g * R} … {(g + 1) * R - 1}) at {at}: "
-                                    f"{got[tuple(at)].item():.6g} (input {x[tuple(at)].item():.6g}) is {why} (error {error:.3g}, half a "
-                                    f"step {bound:.3g}); {name} are quantized {how}",
+                                    f"{got[tuple(at)].item():.6g} (input {x[tuple(at)].item():.6g}) is {why} "
+                                    f"({detail}); {name} are quantized {how}",
                               (name, got[:, :, part].detach().cpu()))
         self.check_counts(step, layer, S)
 
