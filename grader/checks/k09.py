@@ -87,6 +87,23 @@ def quantize_round_trips(ctx):
     ctx.forall(tensors(), _quantize_body, max_examples=30)
 
 
+@CHECKS.add("quantize computes float64 codes in float64", uses="quantize")
+def quantize_float64_precision(ctx):
+    # 2 bits over [0, 3]: scale 1, zero 0. 1.5 - 1e-9 is nearer 1 and 2.5 + 1e-9 nearer 3, but in
+    # float32 both become exact halves, which round to 2 (half to even) or to 2 and 3 (half up).
+    def body(c, ex):
+        x = torch.tensor([ex["values"]], dtype=torch.float64, device=c.device)
+        codes, scale, zero = c.call(c.t.quantize, x, 2, 1)
+        back = codes.double() * scale.double() + zero.double()
+        error = (back - x).abs().max().item()
+        if error > 0.5 + 1e-12:
+            c.fail(f"quantize(x, n_bits=2, dim=1) on float64 x = {ex['values']} gave codes {codes.tolist()}, "
+                   f"{error:.10f} away from x: more than half a step (0.5). In float32, 1.5 - 1e-9 and 2.5 + 1e-9 "
+                   "are exact halves; compute the codes of float64 x in float64", ex, ("round trip", codes))
+
+    ctx.case({"values": [0.0, 3.0, 1.5 - 1e-9, 2.5 + 1e-9, 0.5 - 1e-9]}, body)
+
+
 @CHECKS.add("quantize: a constant slice has scale 0, codes 0 and round-trips exactly", uses="quantize")
 def quantize_constant_slices(ctx):
     def body(c, ex):

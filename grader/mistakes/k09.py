@@ -39,6 +39,13 @@ MISTAKES = [
         edits=(("/ safe).clamp(0, qmax)", "/ safe)"),),
     ),
     Mistake(
+        name="float64 codes computed in float32",
+        why="float32 keeps about 7 digits: a float64 value a hair below a half step becomes an exact half "
+            "and rounds to the wrong code, more than half a step from its input.",
+        hint="Which dtype do you divide (x - zero) / scale in when x is float64?",
+        edits=(("work = torch.float64 if x.dtype == torch.float64 else torch.float32", "work = torch.float32"),),
+    ),
+    Mistake(
         name="pack loses the high bits",
         why="each code keeps only n_bits - 1 of its bits in the byte, so codes of 2**(n_bits - 1) and above "
             "come back smaller after unpack.",
