@@ -169,6 +169,7 @@ def quantize_rejects_bad_input(ctx):
                 ("quantize with n_bits=16", c.t.quantize, (x, 16, 1), ("n_bits",)),
                 ("quantize with dim=2 on a 2-axis x", c.t.quantize, (x, 4, 2), ("dim",)),
                 ("quantize with an integer x", c.t.quantize, (x.long(), 4, 1), ("x",)),
+                ("quantize with a 0-d x", c.t.quantize, (x[0, 0], 4, 0), ("x", "dim")),
                 ("dequantize with float codes", c.t.dequantize, (codes.to(x.dtype), scale, zero), ("codes",)),
                 ("dequantize with integer scale", c.t.dequantize, (codes, codes[:, :1], zero), ("scale",)),
                 ("dequantize with zero in another dtype than scale", c.t.dequantize,
@@ -194,7 +195,8 @@ def pack_round_trip(ctx):
         want = tuple(ex["lead"] + [ex["bytes"]])
         if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or tuple(packed.shape) != want:
             c.fail(f"pack(codes of shape {tuple(shape)}, n_bits={bits}) returned {report.describe(packed)}; expected "
-                   f"uint8 of shape {want}: {per} codes per byte along the last axis", ex, ("packed", report.describe(packed)))
+                   f"uint8 of shape {want}: {per} codes per byte along the last axis", ex,
+                   ("packed", report.describe(packed)))
         back = c.call(c.t.unpack, packed, bits)
         problem = report.compare(codes, back, f"unpack(pack(codes, {bits}), {bits})")
         if problem:
@@ -214,10 +216,11 @@ def pack_rejects_bad_input(ctx):
         codes = torch.zeros(2, 8, dtype=torch.uint8, device=c.device)
         too_big = codes.clone()
         too_big[1, 5] = 2 ** bits if bits < 8 else 0
-        cases = [(f"pack with n_bits=3", c.t.pack, (codes, 3), ("n_bits",)),
-                 (f"unpack with n_bits=5", c.t.unpack, (codes, 5), ("n_bits",)),
-                 (f"pack of float codes", c.t.pack, (codes.float(), bits), ("codes",)),
-                 (f"unpack of int64 packed bytes", c.t.unpack, (codes.long(), bits), ("packed",))]
+        cases = [("pack with n_bits=3", c.t.pack, (codes, 3), ("n_bits",)),
+                 ("unpack with n_bits=5", c.t.unpack, (codes, 5), ("n_bits",)),
+                 ("pack of float codes", c.t.pack, (codes.float(), bits), ("codes",)),
+                 ("unpack of int64 packed bytes", c.t.unpack, (codes.long(), bits), ("packed",)),
+                 ("pack of 0-d codes", c.t.pack, (codes[0, 0], bits), ("codes",))]
         if bits < 8:
             cases += [(f"pack with a code of {2 ** bits} at n_bits={bits}", c.t.pack, (too_big, bits), ("codes",)),
                       (f"pack of 7 codes per row at n_bits={bits}", c.t.pack, (codes[:, :7], bits), ("codes",))]
