@@ -5,7 +5,8 @@
    for one query's attention;
 2. generate — tokens/s of the reference batched loop (kata 08), an uncached loop, and Hugging
    Face ``generate()`` on the same weights when ``transformers`` is installed;
-3. memory — bytes the caches really hold against the formula of kata 04.
+3. memory — bytes the caches really hold against the formula of kata 04;
+4. quantized — kata 09's cache at 2, 4 and 8 bits: bytes against fp16, attention error (bench_k09).
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from grader import manifest, targets
+from grader import bench_k09, manifest, targets
 from grader.nn import attend
 
 HEADS, HEAD_DIM = 8, 64
@@ -331,10 +332,11 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     lengths = lengths or ([256, 1024, 4096] if quick else [256, 1024, 4096, 16384])
     batches = batches or ([1, 8] if quick else [1, 8, 32])
     steps = steps or (30 if quick else 100)
-    progress = Progress(len(lengths) * 4 + 3, quiet)  # generation adds its own count
+    progress = Progress(len(lengths) * 4 + 3 + bench_k09.steps(lengths), quiet)  # generation adds its own count
     result = {"machine": machine(device), "append": bench_append(lengths, steps, device, progress)}
     result["generate"] = bench_generate(batches, device, progress, new_tokens, hf)
     result["memory"] = bench_memory(device, progress)
+    result["quantized"] = bench_k09.bench_quant(lengths, device, progress)
     result["targets"] = targets_met(result)
     return result
 
@@ -355,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.quick, torch.device(args.device))
     print(json.dumps(result["machine"]))
     for line in result["targets"]:
+        print(line)
+    for line in bench_k09.summary(result["quantized"]):
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

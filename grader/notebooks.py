@@ -76,6 +76,12 @@ Drawn with the reference solution, not with your code."""),
 **Picture: what each new token can attend to.** Row t is the step that adds token t; the coloured
 cells are the tokens still cached then: the first few (the sinks) and the most recent window. Grey
 cells were evicted. Drawn with the reference solution, not with your code."""),
+    "09": Picture("plot_quantized_cache", {"09": ("quantize", "dequantize", "QuantizedKVCache")}, """\
+**Picture: why keys go per channel, and what the bits save.** Left: one group of 4-bit keys with an
+outlier channel. Per token, the outlier sets every token's step, and the ordinary channels' error
+grows by an order of magnitude; per channel, each channel keeps its own step. Right: bytes held by
+a cache shaped like an 8-billion-parameter Llama as it grows, fp16 against 8, 4 and 2 bits with a
+residual of 32 tokens. Drawn with the reference solution, not with your code."""),
 }
 
 

@@ -172,3 +172,43 @@ def plot_sinks(seq_len: int = 24, n_sink: int = 2, window: int = 6):
     fig.tight_layout()
     return fig
 
+
+
+def plot_quantized_cache(n_bits: int = 4, tokens: int = 32, channels: int = 16, outlier: int = 5):
+    """Kata 09: key error per channel, per-channel vs per-token scales; bytes held against fp16."""
+    import torch
+
+    ref, plt = _reference("09"), _pyplot()
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(tokens, channels, generator=g, dtype=torch.float64)  # (R, D): one head, one group
+    keys[:, outlier] = keys[:, outlier] * 4 + 50  # an outlier channel: large in every token
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.4
+    for shift, (label, dim) in zip((-width / 2, width / 2), (("per channel (over tokens)", 0),
+                                                              ("per token (over channels)", 1))):
+        back = ref.dequantize(*ref.quantize(keys, n_bits, dim))
+        error = (back - keys).abs().mean(0)  # (D,)
+        left.bar([c + shift for c in range(channels)], error.tolist(), width, label=label)
+    left.set_ylim(0, left.get_ylim()[1] * 1.3)  # room for the legend
+    left.set(xlabel=f"channel (channel {outlier} is the outlier)", ylabel="mean |error|",
+             title=f"{n_bits}-bit keys, {tokens} tokens × {channels} channels")
+    left.legend(fontsize=8)
+
+    L, H, D, R, e = 32, 8, 128, 32, 2  # a Llama-3-8B-like cache in fp16, one sequence
+    lengths = [256 * i for i in range(1, 17)]
+    right.plot(lengths, [2 * L * H * D * e * s / 2**20 for s in lengths], marker=".", label="fp16 (kata 04)")
+    for bits in (8, 4, 2):
+        cache = ref.QuantizedKVCache(n_bits=bits, residual_len=R)
+        sizes, filled = [], 0
+        for s in lengths:  # one layer measured, times L: every layer holds the same
+            kv = torch.zeros(1, H, s - filled, D, dtype=torch.float16)
+            cache.update(0, kv, kv)
+            filled = s
+            sizes.append(L * cache.nbytes() / 2**20)
+        right.plot(lengths, sizes, marker=".", label=f"{bits} bits, residual {R}")
+    right.set(xlabel="tokens cached", ylabel="MiB", ylim=(0, None),
+              title=f"{L} layers, {H} KV heads of width {D}: bytes held")
+    right.legend(fontsize=8)
+    right.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
