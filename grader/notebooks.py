@@ -76,6 +76,13 @@ Drawn with the reference solution, not with your code."""),
 **Picture: what each new token can attend to.** Row t is the step that adds token t; the coloured
 cells are the tokens still cached then: the first few (the sinks) and the most recent window. Grey
 cells were evicted. Drawn with the reference solution, not with your code."""),
+    "10": Picture("plot_prefix_cache", {"10": ("PrefixCache",)}, """\
+**Picture: what the prefix cache finds.** Left: four prompts that start with one 8-token system
+prompt, allocated in turn in blocks of 4; a cell names the physical block, orange where it was
+reused. Request 2 repeats request 0, yet its last block is computed again (the last token's logits
+are needed); request 3 is an exact multiple of the block size, so its third block is recomputed.
+Right: prompt tokens prefilled for 32 requests sharing a 512-token prompt. Drawn with the reference
+solution, not with your code."""),
 }
 
 
