@@ -154,6 +154,7 @@ class Replay:
             self.skipped.add(self.step)
             return None
         call = {"allocate": "allocate", "append": "append_token", "free": "free"}[kind]
+        available = self.ref.num_free_blocks
         try:
             want = getattr(self.ref, call)(*op[1:])
         except self.ctx.ref.OutOfBlocksError:
@@ -163,9 +164,8 @@ class Replay:
         try:
             got = getattr(self.mine, call)(*op[1:])
         except self.ctx.t.OutOfBlocksError as exc:
-            self.live_update(kind, seq)
-            self.fail(f"{say(op, self.P)} raised OutOfBlocksError({exc}), but {self.ref.num_free_blocks + 0} "
-                      "block(s) could be had, enough for it", ("out of blocks too early",))
+            self.fail(f"{say(op, self.P)} raised OutOfBlocksError({exc}), but {available} block(s) were free or "
+                      "evictable, enough for it (blocks it hits need no new block)", ("out of blocks too early",))
         self.live_update(kind, seq)
         pinned = self.ex.get("want", {}).get(self.step, {})
         if "reused" in pinned and pinned["reused"] != want:
