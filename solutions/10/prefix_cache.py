@@ -23,7 +23,11 @@ def _chain(previous: int | None, block: list[int]) -> int:
 
 
 def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
-    """One hash per full block of ``token_ids``; hash i identifies tokens 0 … (i + 1) * P - 1."""
+    """One hash per full block of ``token_ids`` (len // P of them; a partly filled last block has none).
+
+    Hash i is chained on hash i - 1, so it identifies tokens 0 … (i + 1) * P - 1, the whole prefix.
+    Any hash function will do. ValueError naming ``block_size`` when it is below 1.
+    """
     _expect_positive("block_size", block_size)
     hashes: list[int] = []
     previous = None
@@ -76,7 +80,12 @@ class PrefixCache:
             self._hash_of[block] = block_hash
 
     def allocate(self, seq_id, token_ids: list[int]) -> int:
-        """Build the sequence's block table, reusing cached leading blocks; returns the reused tokens."""
+        """Build the sequence's block table, reusing cached leading blocks; returns the reused tokens.
+
+        At most len(token_ids) - 1 tokens are reused: the last token is always computed. Take every
+        new block first (free ones, then evict), then hash and cache the fresh full blocks. Atomic:
+        OutOfBlocksError leaves everything as it was. ValueError for an id in use or an empty prompt.
+        """
         if seq_id in self._tables:
             raise ValueError(f"seq_id: sequence {seq_id!r} is already in the cache")
         tokens, P = list(token_ids), self.block_size
@@ -104,7 +113,8 @@ class PrefixCache:
         return len(hits) * P
 
     def append_token(self, seq_id, token_id: int) -> None:
-        """One decode token; a block that becomes full is hashed and cached."""
+        """One decode token: a new block when the last is full (or OutOfBlocksError, nothing changed);
+        a block that becomes full is hashed and cached. ValueError for an unknown id."""
         self._expect_seq(seq_id)
         tokens, table, P = self._tokens[seq_id], self._tables[seq_id], self.block_size
         if len(tokens) % P == 0:
@@ -116,7 +126,8 @@ class PrefixCache:
             self._register(table[-1], hashes[-1])
 
     def free(self, seq_id) -> None:
-        """Drop the sequence; its cached blocks stay findable until evicted."""
+        """Drop the sequence's references, tail first. A block left unreferenced stays cached
+        (evictable) if it holds a hash, else it is free. ValueError for an unknown id."""
         self._expect_seq(seq_id)
         for block in reversed(self._tables.pop(seq_id)):  # tail first: the deepest block is the least useful
             self._refs[block] -= 1
@@ -128,7 +139,7 @@ class PrefixCache:
         del self._tokens[seq_id], self._hashes[seq_id]
 
     def block_table(self, seq_id) -> list[int]:
-        """The block of each logical block of the sequence (a copy)."""
+        """The block of each logical block of the sequence (a copy). ValueError for an unknown id."""
         self._expect_seq(seq_id)
         return list(self._tables[seq_id])
 
