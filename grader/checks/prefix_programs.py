@@ -222,11 +222,12 @@ class Replay:
         except self.ctx.t.OutOfBlocksError:
             pass
         else:
+            expected = letters({s: self.ref.block_table(s) for s in self.live})  # without the refused sequence
             if op[0] == "allocate":
                 self.live.append(op[1])
             self.fail(f"{say(op, self.P)} returned {result!r}, but it needs more blocks than can be had "
                       f"(free + evictable, not counting blocks this prompt hits): it must raise OutOfBlocksError",
-                      ("no OutOfBlocksError",))
+                      ("no OutOfBlocksError",), expected)
         after = self.observe(self.mine, learner=True)
         for name in ("sharing", "num_cached_blocks", "num_free_blocks"):
             if before[name] != after[name]:
