@@ -82,6 +82,13 @@ outlier channel. Per token, the outlier sets every token's step, and the ordinar
 grows by an order of magnitude; per channel, each channel keeps its own step. Right: bytes held by
 a cache shaped like an 8-billion-parameter Llama as it grows, fp16 against 8, 4 and 2 bits with a
 residual of 32 tokens. Drawn with the reference solution, not with your code."""),
+    "10": Picture("plot_prefix_cache", {"10": ("PrefixCache",)}, """\
+**Picture: what the prefix cache finds.** Left: four prompts that start with one 8-token system
+prompt, allocated in turn in blocks of 4; a cell names the physical block, orange where it was
+reused. Request 2 repeats request 0, yet its last block is computed again (the last token's logits
+are needed); request 3 is an exact multiple of the block size, so its third block is recomputed.
+Right: prompt tokens prefilled for 32 requests sharing a 512-token prompt. Drawn with the reference
+solution, not with your code."""),
 }
 
 

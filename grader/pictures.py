@@ -209,6 +209,50 @@ def plot_quantized_cache(n_bits: int = 4, tokens: int = 32, channels: int = 16, 
     right.set(xlabel="tokens cached", ylabel="MiB", ylim=(0, None),
               title=f"{L} layers, {H} KV heads of width {D}: bytes held")
     right.legend(fontsize=8)
+
+
+def plot_prefix_cache(block_size: int = 4, system: int = 8):
+    """Kata 10: block tables of requests found in the prefix cache, and prefill tokens saved."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    ref, plt = _reference("10"), _pyplot()
+    from grader.bench import prefix_workload
+
+    base = list(range(100, 100 + system))
+    prompts = {"request 0": base + [1, 2, 3, 4, 5], "request 1": base + [6, 7, 8],
+               "request 2 (= 0)": base + [1, 2, 3, 4, 5], "request 3 (0's first 12)": base + [1, 2, 3, 4]}
+    cache = ref.PrefixCache(32, block_size)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 1.2]})
+    width = max(-(-len(p) // block_size) for p in prompts.values())
+    kinds = np.zeros((len(prompts), width))  # 0 none, 1 reused, 2 computed
+    for row, (name, prompt) in enumerate(prompts.items()):
+        reused = cache.allocate(row, prompt) // block_size
+        for col, block in enumerate(cache.block_table(row)):
+            kinds[row, col] = 1 if col < reused else 2
+            left.text(col, row, str(block), ha="center", va="center", fontsize=11)
+    left.imshow(kinds, cmap=ListedColormap(["white", "#f4b183", "#9dc3e6"]), vmin=0, vmax=2)
+    left.set_xticks(range(width), [f"{c * block_size}–{c * block_size + block_size - 1}" for c in range(width)])
+    left.set_yticks(range(len(prompts)), list(prompts))
+    left.set(xlabel="logical block (token positions)", title=f"{system}-token system prompt, blocks of {block_size}")
+    left.legend(handles=[Patch(color="#f4b183", label="reused (hit)"), Patch(color="#9dc3e6", label="computed")],
+                loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, fontsize=8)
+
+    prompts, size = prefix_workload(), 16
+    cache = ref.PrefixCache(sum(-(-len(p) // size) for p in prompts), size)
+    counts, without, with_cache = [0], [0], [0]
+    for seq, prompt in enumerate(prompts):
+        counts.append(seq + 1)
+        without.append(without[-1] + len(prompt))
+        with_cache.append(with_cache[-1] + len(prompt) - cache.allocate(seq, prompt))
+    right.plot(counts, without, marker=".", label="no prefix cache")
+    right.plot(counts, with_cache, marker=".", label="prefix cache")
+    right.annotate(f"{1 - with_cache[-1] / without[-1]:.0%} fewer", (counts[-1], with_cache[-1]),
+                   textcoords="offset points", xytext=(-4, 10), ha="right")
+    right.set(xlabel="requests", ylabel="prompt tokens prefilled", ylim=(0, None),
+              title=f"512-token shared prompt, 32–128 own tokens, blocks of {size}")
+    right.legend(loc="upper left", fontsize=8)
     right.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig

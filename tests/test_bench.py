@@ -11,7 +11,7 @@ from grader import bench
 def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     result = bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2],
                        steps=3, new_tokens=4, hf=False)
-    assert {"machine", "append", "generate", "memory", "quantized", "targets"} <= result.keys()
+    assert {"machine", "append", "generate", "memory", "quantized", "prefix_cache", "targets"} <= result.keys()
     assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
     assert {(r["cache"], r["tokens"]) for r in result["append"]} == {
         (c, n) for c in ("concat", "preallocated", "paged-16", "paged-64") for n in (32, 64)}
@@ -28,6 +28,9 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     assert all(r["quant_bytes"] < r["fp16_bytes"] for r in quantized if r["tokens"] >= r["residual_len"])
     errors = {(r["n_bits"], r["keys"]): r["attention_rel_error"] for r in result["quantized"] if "keys" in r}
     assert all(errors[b, "per channel"] < errors[b, "per token"] for b in (2, 4, 8))
+    for row in result["prefix_cache"]:  # 16 requests, a 512-token prompt prefilled once: 15 x 512 reused
+        assert row["computed_without"] - row["computed_with"] == 15 * 512
+        assert 0 < row["hit_rate"] < 1
     json.dumps(result)  # serialisable as --json writes it
 
 
