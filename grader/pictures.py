@@ -209,6 +209,9 @@ def plot_quantized_cache(n_bits: int = 4, tokens: int = 32, channels: int = 16, 
     right.set(xlabel="tokens cached", ylabel="MiB", ylim=(0, None),
               title=f"{L} layers, {H} KV heads of width {D}: bytes held")
     right.legend(fontsize=8)
+    right.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def plot_prefix_cache(block_size: int = 4, system: int = 8):
