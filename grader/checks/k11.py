@@ -290,6 +290,8 @@ def matches_brute_force_with_eos(ctx):
 
     ctx.case({"prompt_len": 5, "num_beams": 4, "max_new_tokens": 10, "length_penalty": 1.0, "block_size": 4,
               "seed": 11}, body)
+    ctx.case({"prompt_len": 11, "num_beams": 3, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 4,
+              "seed": 96}, body)  # an EOS candidate ranks within the top num_beams while live beams remain
     ctx.forall(searches(max_new=14).filter(lambda e: e["max_new_tokens"] >= 3), body, max_examples=10)
 
 
@@ -309,7 +311,11 @@ UNIFORM_CASES = [  # every candidate ties: the SPEC's order decides (lower beam,
     {"vocab": 3, "uniform": True, "prompt": [2], "num_beams": 4, "max_new_tokens": 1, "eos_token_id": None,
      "length_penalty": 1.0},  # only 3 candidates exist: 3 hypotheses come back
     {"vocab": 5, "uniform": True, "prompt": [0, 4], "num_beams": 2, "max_new_tokens": 2, "eos_token_id": 1,
-     "length_penalty": 1.0},  # EOS met at the last step ties with the live beams: it comes first
+     "length_penalty": 1.0},  # two finished hypotheses tie with the live beams: they come first, in finishing order
+]
+PINNED_CASES = [  # an EOS candidate ranks within the top num_beams: the walk must go on to find live beams
+    {"vocab": 4, "prompt": [2], "num_beams": 3, "max_new_tokens": 4, "eos_token_id": 0, "length_penalty": 1.0,
+     "spread": 3.0, "seed": 620},
 ]
 
 
@@ -323,7 +329,7 @@ def small_vocabulary_and_ties(ctx):
                            ex["length_penalty"], exact_ties=True)
         _judge(c, model, prompt, ex, got, want, exact=bool(ex.get("uniform")))
 
-    for case in UNIFORM_CASES:
+    for case in UNIFORM_CASES + PINNED_CASES:
         ctx.case(case, body)
     ctx.forall(small_vocab(), body, max_examples=25)
 
