@@ -5,7 +5,9 @@
    for one query's attention;
 2. generate — tokens/s of the reference batched loop (kata 08), an uncached loop, and Hugging
    Face ``generate()`` on the same weights when ``transformers`` is installed;
-3. memory — bytes the caches really hold against the formula of kata 04.
+3. memory — bytes the caches really hold against the formula of kata 04;
+4. beam — blocks a beam search holds when its beams share the prompt's blocks, against a dense
+   cache per beam (``grader.bench_k11``).
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 
 from grader import manifest, targets
+from grader.bench_k11 import bench_beam
 from grader.nn import attend
 
 HEADS, HEAD_DIM = 8, 64
@@ -335,6 +338,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result = {"machine": machine(device), "append": bench_append(lengths, steps, device, progress)}
     result["generate"] = bench_generate(batches, device, progress, new_tokens, hf)
     result["memory"] = bench_memory(device, progress)
+    result["beam"] = bench_beam(device, progress, quick)
     result["targets"] = targets_met(result)
     return result
 

@@ -76,6 +76,12 @@ Drawn with the reference solution, not with your code."""),
 **Picture: what each new token can attend to.** Row t is the step that adds token t; the coloured
 cells are the tokens still cached then: the first few (the sinks) and the most recent window. Grey
 cells were evicted. Drawn with the reference solution, not with your code."""),
+    "11": Picture("plot_beam_blocks", {"11": ("beam_search",)}, """\
+**Picture: what sharing the prompt saves a beam search.** Left: blocks in use at each forward of a
+4-beam search over a 100-token prompt in blocks of 16, against one cache per beam holding its own
+copy of the prompt. Right: the peak as the number of beams grows. Each beam adds only its copy of
+the partly filled prompt block and the blocks of its own tokens. Drawn with the reference solution
+on a tiny random model, not with your code."""),
 }
 
 

@@ -221,7 +221,7 @@ def _judge(c, model, prompt, ex, got, expected: dict, *, exact=False, tol=TIE) -
         i = 0
         while i < len(want) and problem is None:
             j = i + 1  # [i, j): a group of equal scores, which may come in either order unless exact
-            while not exact and j < len(want) and _close(want[j][1], want[i][1], 1e-9):
+            while not exact and j < len(want) and _close(want[j][1], want[i][1], tol):
                 j += 1
             if sorted(map(tuple, (t for t, _ in hyps[i:j]))) != sorted(map(tuple, (t for t, _ in want[i:j]))):
                 problem = f"hypothesis {i}: {hyps[i][0]}, expected {want[i][0]}"
