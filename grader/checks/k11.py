@@ -203,36 +203,42 @@ def _observed(hyps):
     return [(tokens, float(f"{score:.5g}")) for tokens, score in hyps]
 
 
+def _difference(hyps, want, exact: bool, tol: float) -> str | None:
+    """Why ``hyps`` is not ``want`` (equal scores within ``tol``: either order unless ``exact``), or None."""
+    if len(hyps) != len(want):
+        return f"{len(hyps)} hypotheses, expected {len(want)}"
+    i = 0
+    while i < len(want):
+        j = i + 1  # [i, j): a group of equal scores
+        while not exact and j < len(want) and _close(want[j][1], want[i][1], tol):
+            j += 1
+        mine, theirs = [t for t, _ in hyps[i:j]], [t for t, _ in want[i:j]]
+        if (mine != theirs) if exact else (sorted(mine) != sorted(theirs)):
+            return f"hypothesis {i}: {hyps[i][0]}, expected {want[i][0]}"
+        for tokens, score in hyps[i:j]:
+            expected = next(s for t, s in want[i:j] if t == tokens)
+            if not _close(score, expected, tol):
+                return f"hypothesis {tokens}: score {score:.8f}, expected {expected:.8f}"
+        i = j
+    return None
+
+
 def _judge(c, model, prompt, ex, got, expected: dict, *, exact=False, tol=TIE) -> None:
     """The learner's hypotheses against the brute force: the same hypotheses in the same order
     (equal scores: either order unless ``exact``), scores to 1e-6 relative."""
     hyps, want = _hypotheses(c, got, ex), expected["result"]
-    shown = {**ex, "prompt": prompt}
+    shown, eos, lp = {**ex, "prompt": prompt}, ex.get("eos_token_id"), ex.get("length_penalty", 1.0)
+    for tokens, _ in hyps:
+        if eos is not None and eos in tokens[:-1]:
+            c.fail(f"hypothesis {tokens} goes on after the EOS {eos}; a candidate ending in EOS is finished and "
+                   f"never extended\n  got {_show(hyps)}", shown, _observed(hyps))
     if expected["ambiguous"]:  # a decision too close to call: only each hypothesis's own score is checked
         for tokens, score in hyps:
-            if tokens and not _close(score, _score_of(model, prompt, tokens, ex.get("length_penalty", 1.0)), tol):
+            if tokens and not _close(score, _score_of(model, prompt, tokens, lp), tol):
                 c.fail(f"hypothesis {tokens} has score {score:.6f}; its tokens score "
-                       f"{_score_of(model, prompt, tokens, ex.get('length_penalty', 1.0)):.6f}", shown, _observed(hyps))
+                       f"{_score_of(model, prompt, tokens, lp):.6f}", shown, _observed(hyps))
         return
-    problem = None
-    if len(hyps) != len(want):
-        problem = f"{len(hyps)} hypotheses, expected {len(want)}"
-    else:
-        i = 0
-        while i < len(want) and problem is None:
-            j = i + 1  # [i, j): a group of equal scores, which may come in either order unless exact
-            while not exact and j < len(want) and _close(want[j][1], want[i][1], tol):
-                j += 1
-            if sorted(map(tuple, (t for t, _ in hyps[i:j]))) != sorted(map(tuple, (t for t, _ in want[i:j]))):
-                problem = f"hypothesis {i}: {hyps[i][0]}, expected {want[i][0]}"
-            elif exact and hyps[i][0] != want[i][0]:
-                problem = f"hypothesis {i}: {hyps[i][0]}, expected {want[i][0]}"
-            for a in range(i, j):
-                match = next(s for t, s in want[i:j] if t == hyps[a][0]) if problem is None else None
-                if match is not None and not _close(hyps[a][1], match, tol):
-                    problem = f"hypothesis {a} {hyps[a][0]}: score {hyps[a][1]:.8f}, expected {match:.8f}"
-                    break
-            i = j
+    problem = _difference(hyps, want, exact, tol)
     if problem:
         c.fail(f"{problem}\n  expected {_show(want)}\n  got      {_show(hyps)}", shown, _observed(hyps))
 

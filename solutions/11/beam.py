@@ -18,12 +18,17 @@ class _PagedBatch:
     """Some sequences of a paged cache, shown to the model as one batch: the ``update`` it calls."""
 
     def __init__(self, cache, seq_ids: list, n_tokens: int):
+        """Reserve ``n_tokens`` slots in each sequence of ``seq_ids`` (once: the slots serve every layer)."""
         self.cache, self.seq_ids = cache, seq_ids
         # One reservation per forward, not per layer: the slots are the same in every layer.
         self.slots = [cache.reserve(seq, n_tokens) for seq in seq_ids]  # each (T,)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write row b of ``k``, ``v`` (B, Hkv, T, D) into sequence b; return every row's (B, Hkv, S, D)."""
+        """Write row b of ``k``, ``v`` (B, Hkv, T, D) into sequence b; return every row's (B, Hkv, S, D).
+
+        The model calls this once per layer and attends to what it returns: each row's gathered
+        keys and values, stacked. Every row holds the same number of tokens here.
+        """
         keys, values = [], []
         for b, (seq, slots) in enumerate(zip(self.seq_ids, self.slots)):
             self.cache.write(layer, slots, k[b], v[b])
