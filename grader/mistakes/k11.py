@@ -82,4 +82,11 @@ MISTAKES = [
         hint="What turns a row of logits into log-probabilities, so that sums over steps compare across beams?",
         edits=(("logp = torch.log_softmax(logits.to(work), dim=-1)  # (n, V)", "logp = logits.to(work)  # (n, V)"),),
     ),
+    Mistake(
+        name="a cache with blocks in use accepted",
+        why="the search assumes the pool is its own: with blocks already held by another sequence it may run "
+            "out of blocks half-way, and it cannot tell at the end whether it freed everything it took.",
+        hint="Before the prefill, how many blocks of the cache are free, and how many should be?",
+        edits=(("    if cache.allocator.num_free != pages.shape[0]:\n", "    if False:\n"),),
+    ),
 ]
