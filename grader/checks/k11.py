@@ -2,7 +2,7 @@
 
 The learner's ``beam_search`` drives kata 08's tiny float64 Llama (or a stand-in whose logits
 depend on the last token only) over a watched ``grader.paged.PagedKVCache``. The answer comes from
-a brute-force beam search written here from plain uncached forwards, following the SPEC's rules
+a brute-force beam search from plain uncached forwards (``beam_oracle``), following the SPEC's rules
 (rank by summed log-probability, walk the top 2k, EOS candidates finish, the stopping rule).
 Where two candidates at a decision are closer than float32 log-probabilities can tell apart, both
 answers are accepted. The watched cache notes blocks in use and live sequences; the recording
@@ -10,163 +10,19 @@ model notes every forward (shape, positions), so the checks see how the answer w
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
 from hypothesis import strategies as st
 
+from grader.checks.beam_oracle import TIE, Probed, brute_force, cache_for, close, score_of, stand_in
 from grader.checks.common import SEEDS, value_error_names
-from grader.checks.k08 import TINY, _FixedLogits, _Recording, _tiny_model
+from grader.checks.k08 import TINY, _tiny_model
 from grader.engine import Checks
-from grader.nn import Llama
-from grader.paged import PagedKVCache
 
 CHECKS = Checks("11")
 
 LENGTH_PENALTIES = [1.0, 0.0, 2.0, 0.5, -0.5]
-TIE = 1e-6  # candidates closer than this (relative) may come in either order: float32 cannot tell them apart
-
-
-# -- the watched cache and the probed model ------------------------------------------------------
-class _WatchedCache(PagedKVCache):
-    """The paged cache handed to the learner; notes blocks in use and the live sequences after every change."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.alive: set = set()
-        self.events: list[tuple[str, int, int]] = []  # (what, blocks in use, longest sequence so far)
-        self.longest = 0
-
-    @property
-    def in_use(self) -> int:
-        return self.k_pages[0].shape[0] - self.allocator.num_free
-
-    def _note(self, what: str) -> None:
-        self.events.append((what, self.in_use, self.longest))
-
-    def add_sequence(self, seq_id) -> None:
-        super().add_sequence(seq_id)
-        self.alive.add(seq_id)
-        self._note(f"add_sequence({seq_id!r})")
-
-    def fork(self, parent_id, child_id) -> None:
-        super().fork(parent_id, child_id)
-        self.alive.add(child_id)
-        self._note(f"fork({parent_id!r}, {child_id!r})")
-
-    def free(self, seq_id) -> None:
-        super().free(seq_id)
-        self.alive.discard(seq_id)
-        self._note(f"free({seq_id!r})")
-
-    def reserve(self, seq_id, n_tokens):
-        slots = super().reserve(seq_id, n_tokens)
-        self.longest = max(self.longest, self.seq_len(seq_id))
-        self._note(f"reserve({seq_id!r}, {n_tokens})")
-        return slots
-
-
-class _Probed(_Recording):
-    """Kata 08's recording Llama, also noting how many sequences the watched cache holds at each forward."""
-
-    watched: _WatchedCache | None = None
-
-    def forward(self, input_ids, *args, **kwargs):
-        alive = None if self.watched is None else len(self.watched.alive)
-        out = super().forward(input_ids, *args, **kwargs)
-        self.calls[-1]["alive"] = alive
-        return out
-
-
-def _cache_for(model, num_blocks: int = 256, block_size: int = 4, dtype=None, watched: bool = True):
-    config = model.config
-    kind = _WatchedCache if watched else PagedKVCache
-    cache = kind(num_blocks, block_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                 dtype=dtype or model.dtype, device=model.device)
-    if isinstance(model, _Probed) and watched:
-        model.watched = cache
-    return cache
-
-
-def _stand_in(ex: dict, device) -> _FixedLogits:
-    """Logits from the last token only: a seeded table (V, V), or the same logits everywhere when uniform."""
-    V = ex["vocab"]
-    if ex.get("uniform"):
-        table = torch.zeros(V, V, dtype=torch.float64)
-    else:
-        g = torch.Generator().manual_seed(ex["seed"])
-        table = torch.randn(V, V, generator=g, dtype=torch.float64) * ex.get("spread", 2.0)
-    return _FixedLogits(table, device)
-
-
-# -- the answer: a brute-force beam search from uncached forwards ---------------------------------
-@torch.no_grad()
-def _last_logits(model, rows: list[list[int]]) -> torch.Tensor:
-    ids = torch.tensor(rows, device=model.device)  # (n, L): every row the same length
-    if isinstance(model, _FixedLogits):
-        return model.table[ids[:, -1]].double()  # (n, V)
-    return Llama.forward(model, ids)[:, -1].double()  # plain causal forward, no cache
-
-
-def _close(a: float, b: float, tol: float) -> bool:
-    return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
-
-
-def brute_force(model, prompt, k, N, eos=None, lp=1.0, tie=TIE, exact_ties=False) -> dict:
-    """The SPEC's beam search, spelled out. Returns ``result`` (best first), ``steps`` (the live
-    beams' new tokens before each decode forward) and ``ambiguous`` (a decision closer than ``tie``).
-    With ``exact_ties`` equal values are decided by the SPEC's rule, not called ambiguous."""
-    live, finished, steps, ambiguous, ran_all = [([], 0.0)], [], [], False, False
-
-    def near(a, b):
-        return _close(a, b, tie) and not (exact_ties and a == b)
-
-    for step in range(1, N + 1):
-        logp = torch.log_softmax(_last_logits(model, [prompt + t for t, _ in live]), dim=-1)  # (n, V)
-        V = logp.shape[1]
-        totals = torch.tensor([s for _, s in live], dtype=torch.float64, device=logp.device)
-        ranked = (totals[:, None] + logp).flatten().sort(descending=True, stable=True)
-        values, indices = ranked.values.tolist(), ranked.indices.tolist()
-        chosen, walked = [], 0
-        for value, index in zip(values[:2 * k], indices[:2 * k]):
-            walked += 1
-            tokens = live[index // V][0] + [index % V]
-            if index % V == eos:
-                finished.append((tokens, value / len(tokens) ** lp))
-                continue
-            chosen.append((tokens, value))
-            if len(chosen) == k:
-                break
-        if walked < len(values) and near(values[walked - 1], values[walked]):
-            ambiguous = True  # which candidate is the last one walked depends on the last bits
-        live = chosen
-        if step == N:
-            ran_all = True
-            break
-        if not live:
-            break
-        if len(finished) >= k:
-            L = N if lp > 0 else step
-            bound, kth = live[0][1] / L ** lp, sorted((s for _, s in finished), reverse=True)[k - 1]
-            ambiguous |= near(bound, kth)
-            if bound <= kth:
-                break
-        steps.append([t for t, _ in live])
-    every = finished + ([(t, s / N ** lp) for t, s in live] if ran_all else [])
-    every = sorted(every, key=lambda h: -h[1])
-    if len(every) > k and near(every[k - 1][1], every[k][1]):
-        ambiguous = True  # which hypothesis is the k-th depends on the last bits
-    return {"result": every[:k], "steps": steps, "ambiguous": ambiguous}
-
-
-def _score_of(model, prompt, tokens, lp) -> float:
-    """The score of one hypothesis recomputed from uncached forwards."""
-    rows = [prompt + tokens[:i] for i in range(len(tokens))]
-    total = 0.0
-    for i, row in enumerate(rows):
-        total += float(torch.log_softmax(_last_logits(model, [row]), dim=-1)[0, tokens[i]])
-    return total / len(tokens) ** lp
 
 
 # -- reading and judging the learner's result ---------------------------------------------------
@@ -210,14 +66,14 @@ def _difference(hyps, want, exact: bool, tol: float) -> str | None:
     i = 0
     while i < len(want):
         j = i + 1  # [i, j): a group of equal scores
-        while not exact and j < len(want) and _close(want[j][1], want[i][1], tol):
+        while not exact and j < len(want) and close(want[j][1], want[i][1], tol):
             j += 1
         mine, theirs = [t for t, _ in hyps[i:j]], [t for t, _ in want[i:j]]
         if (mine != theirs) if exact else (sorted(mine) != sorted(theirs)):
             return f"hypothesis {i}: {hyps[i][0]}, expected {want[i][0]}"
         for tokens, score in hyps[i:j]:
             expected = next(s for t, s in want[i:j] if t == tokens)
-            if not _close(score, expected, tol):
+            if not close(score, expected, tol):
                 return f"hypothesis {tokens}: score {score:.8f}, expected {expected:.8f}"
         i = j
     return None
@@ -234,9 +90,9 @@ def _judge(c, model, prompt, ex, got, expected: dict, *, exact=False, tol=TIE) -
                    f"never extended\n  got {_show(hyps)}", shown, _observed(hyps))
     if expected["ambiguous"]:  # a decision too close to call: only each hypothesis's own score is checked
         for tokens, score in hyps:
-            if tokens and not _close(score, _score_of(model, prompt, tokens, lp), tol):
+            if tokens and not close(score, score_of(model, prompt, tokens, lp), tol):
                 c.fail(f"hypothesis {tokens} has score {score:.6f}; its tokens score "
-                       f"{_score_of(model, prompt, tokens, lp):.6f}", shown, _observed(hyps))
+                       f"{score_of(model, prompt, tokens, lp):.6f}", shown, _observed(hyps))
         return
     problem = _difference(hyps, want, exact, tol)
     if problem:
@@ -275,7 +131,7 @@ def _search(c, model, prompt, ex, cache, eos=None):
 def matches_brute_force_without_eos(ctx):
     def body(c, ex):
         model, prompt = _tiny_model(ex["seed"], c.device), _prompt(ex)
-        got = _search(c, model, prompt, ex, _cache_for(model, block_size=ex["block_size"], watched=False))
+        got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False))
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"])
         _judge(c, model, prompt, ex, got, want)
 
@@ -290,7 +146,7 @@ def matches_brute_force_with_eos(ctx):
     def body(c, ex):
         model, prompt = _tiny_model(ex["seed"], c.device), _prompt(ex)
         eos = _eos_for(model, prompt, ex)
-        got = _search(c, model, prompt, ex, _cache_for(model, block_size=ex["block_size"], watched=False), eos)
+        got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False), eos)
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], eos, ex["length_penalty"])
         _judge(c, model, prompt, {**ex, "eos_token_id": eos}, got, want)
 
@@ -328,8 +184,8 @@ PINNED_CASES = [  # an EOS candidate ranks within the top num_beams: the walk mu
 @CHECKS.add("a model whose logits depend on the last token: ties, EOS everywhere, few candidates", uses="beam_search")
 def small_vocabulary_and_ties(ctx):
     def body(c, ex):
-        model, prompt = _stand_in(ex, c.device), ex["prompt"]
-        cache = _cache_for(model, block_size=2, watched=False)
+        model, prompt = stand_in(ex, c.device), ex["prompt"]
+        cache = cache_for(model, block_size=2, watched=False)
         got = _search(c, model, prompt, ex, cache, ex["eos_token_id"])
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], ex["eos_token_id"],
                            ex["length_penalty"], exact_ties=True)
@@ -344,10 +200,10 @@ def small_vocabulary_and_ties(ctx):
             uses="beam_search")
 def prefill_once_then_batched_steps(ctx):
     def body(c, ex):
-        model, prompt = _tiny_model(ex["seed"], c.device, _Probed), _prompt(ex)
+        model, prompt = _tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
         eos = _eos_for(model, prompt, ex) if ex["eos"] else None
         model.calls.clear()
-        _search(c, model, prompt, ex, _cache_for(model, block_size=ex["block_size"]), eos)
+        _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"]), eos)
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], eos, ex["length_penalty"])
         shown, P, calls = {**ex, "eos_token_id": eos, "prompt": prompt}, len(prompt), model.calls
         first = calls[0]["ids"] if calls else None
@@ -391,10 +247,10 @@ def _bound(P: int, b: int, k: int, longest: int) -> int:
             uses="beam_search")
 def blocks_shared_and_freed(ctx):
     def body(c, ex):
-        model, prompt = _tiny_model(ex["seed"], c.device, _Probed), _prompt(ex)
+        model, prompt = _tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
         eos = _eos_for(model, prompt, ex) if ex["eos"] else None
         model.calls.clear()
-        cache = _cache_for(model, num_blocks=512, block_size=ex["block_size"])
+        cache = cache_for(model, num_blocks=512, block_size=ex["block_size"])
         _search(c, model, prompt, ex, cache, eos)
         P, b, k, shown = len(prompt), ex["block_size"], ex["num_beams"], {**ex, "eos_token_id": eos, "prompt": prompt}
         for s, call in enumerate(model.calls[1:], start=1):
@@ -424,7 +280,7 @@ def blocks_shared_and_freed(ctx):
 def works_in_float32(ctx):
     def body(c, ex):
         model, prompt = _tiny_model(ex["seed"], c.device).float(), _prompt(ex)
-        got = _search(c, model, prompt, ex, _cache_for(model, block_size=ex["block_size"], watched=False))
+        got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False))
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"], tie=1e-4)
         _judge(c, model, prompt, {**ex, "dtype": torch.float32}, got, want, tol=1e-4)
 
@@ -436,7 +292,7 @@ def works_in_float32(ctx):
 def rejects_bad_input(ctx):
     def body(c, ex):
         model = _tiny_model(ex["seed"], c.device)
-        busy = _cache_for(model, watched=False)
+        busy = cache_for(model, watched=False)
         busy.add_sequence("someone else")
         busy.reserve("someone else", 3)
         cases = [
@@ -445,10 +301,10 @@ def rejects_bad_input(ctx):
             ("an empty prompt", ([], 2, 3), {}, "prompt"),
             ("a cache with blocks in use", ([1, 2], 2, 3), {"cache": busy}, "cache"),
             ("a float32 cache for a float64 model", ([1, 2], 2, 3),
-             {"cache": _cache_for(model, dtype=torch.float32, watched=False)}, "cache"),
+             {"cache": cache_for(model, dtype=torch.float32, watched=False)}, "cache"),
         ]
         for what, args, kwargs, name in cases:
-            kwargs = {"cache": _cache_for(model, watched=False), **kwargs}
+            kwargs = {"cache": cache_for(model, watched=False), **kwargs}
             exc = c.raises(ValueError, c.t.beam_search, model, *args, what=f"beam_search with {what}", example=ex,
                            **kwargs)
             if not value_error_names(exc, (name,)):
