@@ -9,6 +9,8 @@
 4. quantized — kata 09's cache at 2, 4 and 8 bits: bytes against fp16, attention error (bench_k09).
 5. prefix cache — prefill tokens computed with and without prefix caching (kata 10) for requests
    that share a system prompt, and the hit rate.
+6. beam — blocks a beam search holds when its beams share the prompt's blocks, against a dense
+   cache per beam (``grader.bench_k11``).
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 import torch
 
 from grader import bench_k09, manifest, targets
+from grader.bench_k11 import bench_beam
 from grader.nn import attend
 
 HEADS, HEAD_DIM = 8, 64
@@ -380,6 +383,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["memory"] = bench_memory(device, progress)
     result["quantized"] = bench_k09.bench_quant(lengths, device, progress)
     result["prefix_cache"] = bench_prefix_cache(device, progress, quick)
+    result["beam"] = bench_beam(device, progress, quick)
     result["targets"] = targets_met(result)
     return result
 

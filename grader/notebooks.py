@@ -89,6 +89,12 @@ reused. Request 2 repeats request 0, yet its last block is computed again (the l
 are needed); request 3 is an exact multiple of the block size, so its third block is recomputed.
 Right: prompt tokens prefilled for 32 requests sharing a 512-token prompt. Drawn with the reference
 solution, not with your code."""),
+    "11": Picture("plot_beam_blocks", {"11": ("beam_search",)}, """\
+**Picture: what sharing the prompt saves a beam search.** Left: blocks in use at each forward of a
+4-beam search over a 100-token prompt in blocks of 16, against one cache per beam holding its own
+copy of the prompt. Right: the peak as the number of beams grows. Each beam adds only its copy of
+the partly filled prompt block and the blocks of its own tokens. Drawn with the reference solution
+on a tiny random model, not with your code."""),
 }
 
 

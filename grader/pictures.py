@@ -146,6 +146,56 @@ def plot_block_table(requests: int = 4, prompt: int = 10, new: int = 5, block_si
     return fig
 
 
+def _beam_blocks(model, prompt: list[int], beams: int, new: int, block_size: int) -> list[int]:
+    """Blocks in use at each forward of the reference beam search (the prefill first); the reference
+    reserves a forward's slots before it calls the model, so each count includes them."""
+    from grader.paged import PagedKVCache
+
+    config = model.config
+    cache = PagedKVCache(512, block_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
+    used: list[int] = []
+    hook = model.register_forward_pre_hook(lambda module, args: used.append(512 - cache.allocator.num_free))
+    try:
+        _reference("11").beam_search(model, prompt, beams, new, cache=cache)
+    finally:
+        hook.remove()
+    return used
+
+
+def plot_beam_blocks(prompt_len: int = 100, new: int = 20, block_size: int = 16, beams: int = 4):
+    """Kata 11: blocks a beam search holds when the beams share the prompt, against a cache per beam."""
+    import torch
+
+    from grader.nn import Llama, LlamaConfig
+
+    plt = _pyplot()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Llama(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2)).eval()
+        prompt = torch.randint(0, 64, (prompt_len,)).tolist()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    used = _beam_blocks(model, prompt, beams, new, block_size)
+    steps = range(len(used))
+    dense = [1 * -(-prompt_len // block_size)] + [beams * -(-(prompt_len + s) // block_size) for s in steps[1:]]
+    left.step(steps, dense, where="post", marker=".", label="a cache per beam")
+    left.step(steps, used, where="post", marker=".", label="forks of one prefilled prompt")
+    left.set(xlabel="forward (0 = the prefill)", ylabel="blocks in use", ylim=(0, None),
+             title=f"{beams} beams, {prompt_len}-token prompt, blocks of {block_size}")
+    left.legend(loc="center right", fontsize=8)
+    left.grid(True, alpha=0.3)
+    counts = list(range(1, 9))
+    peaks = [max(_beam_blocks(model, prompt, k, new, block_size)) for k in counts]
+    separate = [k * -(-(prompt_len + new - 1) // block_size) for k in counts]
+    right.plot(counts, separate, marker=".", label="a cache per beam")
+    right.plot(counts, peaks, marker=".", label="shared prompt blocks")
+    right.set(xlabel="beams", ylabel="peak blocks in use", ylim=(0, None), title=f"after {new} new tokens")
+    right.legend(loc="upper left", fontsize=8)
+    right.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def plot_sinks(seq_len: int = 24, n_sink: int = 2, window: int = 6):
     """Kata 07: which past tokens each new token attends to with sinks plus a sliding window."""
     import numpy as np

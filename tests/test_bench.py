@@ -11,7 +11,7 @@ from grader import bench
 def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     result = bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2],
                        steps=3, new_tokens=4, hf=False)
-    assert {"machine", "append", "generate", "memory", "quantized", "prefix_cache", "targets"} <= result.keys()
+    assert {"machine", "append", "generate", "memory", "quantized", "prefix_cache", "beam", "targets"} <= result.keys()
     assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
     assert {(r["cache"], r["tokens"]) for r in result["append"]} == {
         (c, n) for c in ("concat", "preallocated", "paged-16", "paged-64") for n in (32, 64)}
@@ -31,6 +31,8 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     for row in result["prefix_cache"]:  # 16 requests, a 512-token prompt prefilled once: 15 x 512 reused
         assert row["computed_without"] - row["computed_with"] == 15 * 512
         assert 0 < row["hit_rate"] < 1
+    assert [r["beams"] for r in result["beam"]] == [4, 8]
+    assert all(0 < r["shared_blocks"] < r["dense_blocks"] for r in result["beam"])
     json.dumps(result)  # serialisable as --json writes it
 
 

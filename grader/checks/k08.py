@@ -61,10 +61,11 @@ class _Recording(Llama):
         return super().forward(input_ids, position_ids, spy, attention_mask, **kwargs)
 
 
-def _tiny_model(seed: int, device) -> _Recording:
-    """A seeded float64 Llama: vocab 48, width 32, 2 layers, 4 query heads sharing 2 KV heads."""
+def _tiny_model(seed: int, device, recording: type = _Recording) -> _Recording:
+    """A seeded float64 Llama: vocab 48, width 32, 2 layers, 4 query heads sharing 2 KV heads.
+    ``recording``: the class that notes the calls, ``_Recording`` or a subclass of it."""
     with torch.random.fork_rng(devices=[]):  # the default init is overwritten; keep the global RNG untouched
-        model = _Recording(LlamaConfig(**TINY)).to(device=device, dtype=torch.float64)
+        model = recording(LlamaConfig(**TINY)).to(device=device, dtype=torch.float64)
     with torch.no_grad():
         for i, (name, p) in enumerate(sorted(model.named_parameters())):
             if name.endswith("norm.weight"):
