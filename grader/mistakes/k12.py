@@ -72,4 +72,34 @@ MISTAKES = [
                ("while len(out) < max_new_tokens and out[-1] != eos_token_id:",
                 "while len(out) < max_new_tokens:")),
     ),
+    Mistake(
+        name="crop keeps the last n tokens",
+        why="crop slices from the end, so the cache keeps the newest n tokens (the rejected ones among them) "
+            "and forgets the start of the sequence.",
+        hint="crop(n) keeps the first n tokens. Which slice of the sequence axis is that?",
+        edits=(("self._keys[layer] = self._keys[layer][:, :, :n]", "self._keys[layer] = self._keys[layer][:, :, self._keys[layer].shape[2] - n:]"),
+               ("self._values[layer] = self._values[layer][:, :, :n]",
+                "self._values[layer] = self._values[layer][:, :, self._values[layer].shape[2] - n:]")),
+    ),
+    Mistake(
+        name="crop of the first layer only",
+        why="only layer 0 is cut back; every deeper layer keeps the rejected tokens' keys and values.",
+        hint="Every layer of the model appended the same tokens. How many layers must a rollback touch?",
+        edits=(("        for layer in self._keys:\n", "        for layer in list(self._keys)[:1]:\n"),),
+    ),
+    Mistake(
+        name="crop(seq_len()) refused",
+        why="crop accepts only n < seq_len(), but cutting to the current length is valid (it keeps everything); "
+            "a round where every proposal is accepted crops exactly there.",
+        hint="Which values of n are valid for crop? Is keeping all the tokens one of them?",
+        edits=(("not 0 <= n <= self.seq_len()", "not 0 <= n < self.seq_len()"),),
+    ),
+    Mistake(
+        name="crop range not checked",
+        why="crop(-1) or crop(n) past the end is taken silently: a negative n slices from the end and drops "
+            "tokens nobody asked to drop, a too-large n does nothing, and the caller's bug stays hidden.",
+        hint="Which n make sense for crop? Refuse the others with a ValueError naming n, before changing anything.",
+        edits=(("if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.seq_len():",
+                "if not isinstance(n, int):"),),
+    ),
 ]
