@@ -10,8 +10,8 @@ from grader import bench
 
 def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     result = bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2],
-                       steps=3, new_tokens=4, hf=False)
-    assert {"machine", "append", "generate", "memory", "targets"} <= result.keys()
+                       steps=3, new_tokens=4, hf=False, speculative_tokens=6)
+    assert {"machine", "append", "generate", "memory", "targets", "speculative"} <= result.keys()
     assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
     assert {(r["cache"], r["tokens"]) for r in result["append"]} == {
         (c, n) for c in ("concat", "preallocated", "paged-16", "paged-64") for n in (32, 64)}
@@ -22,6 +22,9 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     assert memory["concat"]["held_bytes"] == memory["concat"]["formula_bytes"]
     assert memory["preallocated"]["held_bytes"] >= memory["preallocated"]["formula_bytes"]
     assert memory["paged-16"]["held_bytes"] >= memory["paged-16"]["formula_bytes"]
+    assert [(r["decoder"], r["draft"]) for r in result["speculative"]] == [
+        ("plain", None), ("speculative", "close"), ("speculative", "perturbed"), ("speculative", "random")]
+    assert all(r["same_tokens"] and r["tokens_per_s"] > 0 for r in result["speculative"])
     json.dumps(result)  # serialisable as --json writes it
 
 
