@@ -11,6 +11,8 @@
    that share a system prompt, and the hit rate.
 6. beam — blocks a beam search holds when its beams share the prompt's blocks, against a dense
    cache per beam (``grader.bench_k11``).
+7. speculative — tokens/s and target forwards per token of speculative decoding (kata 12) with a
+   close, a perturbed and a random draft, against plain greedy decoding (``grader.bench_k12``).
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from grader import bench_k09, manifest, targets
+from grader import bench_k09, bench_k12, manifest, targets
 from grader.bench_k11 import bench_beam
 from grader.nn import attend
 
@@ -373,7 +375,7 @@ def plot(result: dict, path: str) -> None:
 
 def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[int] | None = None,
         batches: list[int] | None = None, steps: int | None = None, new_tokens: int = NEW_TOKENS,
-        hf: bool = True) -> dict:
+        hf: bool = True, speculative_tokens: int | None = None) -> dict:
     lengths = lengths or ([256, 1024, 4096] if quick else [256, 1024, 4096, 16384])
     batches = batches or ([1, 8] if quick else [1, 8, 32])
     steps = steps or (30 if quick else 100)
@@ -384,6 +386,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["quantized"] = bench_k09.bench_quant(lengths, device, progress)
     result["prefix_cache"] = bench_prefix_cache(device, progress, quick)
     result["beam"] = bench_beam(device, progress, quick)
+    result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
     result["targets"] = targets_met(result)
     return result
 
@@ -403,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     result = run(args.quick, torch.device(args.device))
     print(json.dumps(result["machine"]))
-    for line in result["targets"]:
+    for line in result["targets"] + bench_k12.lines(result["speculative"]):
         print(line)
     for line in bench_k09.summary(result["quantized"]):
         print(line)

@@ -223,7 +223,6 @@ def plot_sinks(seq_len: int = 24, n_sink: int = 2, window: int = 6):
     return fig
 
 
-
 def plot_quantized_cache(n_bits: int = 4, tokens: int = 32, channels: int = 16, outlier: int = 5):
     """Kata 09: key error per channel, per-channel vs per-token scales; bytes held against fp16."""
     import torch
@@ -307,5 +306,42 @@ def plot_prefix_cache(block_size: int = 4, system: int = 8):
               title=f"512-token shared prompt, 32–128 own tokens, blocks of {size}")
     right.legend(loc="upper left", fontsize=8)
     right.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_speculative(ks: tuple[int, ...] = (2, 4, 8), noises: tuple[float, ...] = (0.0, 0.03, 0.1, 0.3),
+                     new_tokens: int = 24, seed: int = 3, draft_cost: float = 0.05):
+    """Kata 12: tokens per target forward as the draft gets worse (measured), and the speedup formula."""
+    import torch
+
+    from grader.checks.common import randn, tiny_llama
+
+    ref, plt = _reference("12"), _pyplot()
+    target = tiny_llama(seed, "cpu", num_hidden_layers=3)
+    prompt = torch.randint(0, target.config.vocab_size, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    alphas = [i / 100 for i in range(96)]
+    for k in ks:
+        measured = []
+        for noise in noises:
+            draft = tiny_llama(seed, "cpu", num_hidden_layers=3)
+            with torch.no_grad():
+                for i, p in enumerate(sorted(draft.parameters(), key=lambda p: p.numel())):
+                    p.add_(randn(seed * 7 + i, *p.shape, scale=noise) * p.std())
+            _, stats = ref.speculative_generate(target, draft, prompt, new_tokens, k)
+            measured.append((new_tokens - 1) / (stats["target_forwards"] - 1))  # the first forward is the prefill
+        (line,) = left.plot([max(n, 0.01) for n in noises], measured, "o-", label=f"k = {k}")
+        left.axhline(k + 1, color=line.get_color(), linestyle=":", linewidth=1)
+        right.plot(alphas, [(1 - a ** (k + 1)) / ((1 - a) * (k * draft_cost + 1)) for a in alphas], label=f"k = {k}")
+    left.set(xscale="log", xlabel="noise added to the draft's weights (0 plotted at 0.01: identical)",
+             ylabel="tokens per verification forward", ylim=(0, max(ks) + 1.5),
+             title=f"measured, {new_tokens} tokens (dotted: k + 1)")
+    right.axhline(1, color="black", linestyle="--", linewidth=1, label="plain decoding")
+    right.set(xlabel="acceptance rate α of each proposal", ylabel="expected speedup",
+              title=f"(1 - α^(k+1)) / ((1 - α)(k c + 1)), c = {draft_cost}")
+    for ax in (left, right):
+        ax.legend(loc="upper left" if ax is right else "upper right", fontsize=8)
+        ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig

@@ -10,8 +10,9 @@ from grader import bench
 
 def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     result = bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2],
-                       steps=3, new_tokens=4, hf=False)
-    assert {"machine", "append", "generate", "memory", "quantized", "prefix_cache", "beam", "targets"} <= result.keys()
+                       steps=3, new_tokens=4, hf=False, speculative_tokens=6)
+    assert {"machine", "append", "generate", "memory", "quantized", "prefix_cache", "beam", "speculative",
+            "targets"} <= result.keys()
     assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
     assert {(r["cache"], r["tokens"]) for r in result["append"]} == {
         (c, n) for c in ("concat", "preallocated", "paged-16", "paged-64") for n in (32, 64)}
@@ -33,6 +34,9 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
         assert 0 < row["hit_rate"] < 1
     assert [r["beams"] for r in result["beam"]] == [4, 8]
     assert all(0 < r["shared_blocks"] < r["dense_blocks"] for r in result["beam"])
+    assert [(r["decoder"], r["draft"]) for r in result["speculative"]] == [
+        ("plain", None), ("speculative", "close"), ("speculative", "perturbed"), ("speculative", "random")]
+    assert all(r["same_tokens"] and r["tokens_per_s"] > 0 for r in result["speculative"])
     json.dumps(result)  # serialisable as --json writes it
 
 
