@@ -8,7 +8,6 @@ model is ``grader.nn.Llama`` or anything with its interface (``config``, ``devic
 """
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -32,7 +31,6 @@ class _Request:
     max_new_tokens: int
     generated: int = 0  # tokens produced so far (each scheduled step produces one)
     blocks: int = 0  # blocks held while running
-    admitted: int = -1  # admission counter: larger = more recently admitted
 
 
 def _positive_int(name: str, value, least: int = 1) -> None:
@@ -63,8 +61,7 @@ class Scheduler:
         self.free_blocks = num_blocks
         self.requests: dict = {}  # every request not finished
         self.waiting: deque = deque()  # ids, front first
-        self.running: list = []  # ids, oldest admitted first
-        self._admissions = itertools.count()
+        self.running: list = []  # ids in admission order (a re-admission goes last): the newest is last
 
     def add_request(self, req_id, prompt_len: int, max_new_tokens: int) -> None:
         """Queue a request at the back. ValueError if it could never finish."""
@@ -120,17 +117,16 @@ class Scheduler:
 
     def _admit(self, step: Step) -> None:
         budget = self.max_num_batched_tokens - len(step.decode)  # a decode token counts 1
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            request = self.requests[self.waiting[0]]
+        for req_id in list(self.waiting):
+            request = self.requests[req_id]
             tokens = request.prompt_len + request.generated  # a recompute prefills what it generated too
             blocks = _blocks_for(tokens, self.block_size)
-            if tokens > budget or blocks > self.free_blocks:
+            if len(self.running) == self.max_num_seqs or tokens > budget or blocks > self.free_blocks:
                 break  # strict first come, first served: nobody jumps the queue
-            req_id = self.waiting.popleft()
+            self.waiting.remove(req_id)
             budget -= tokens
             self.free_blocks -= blocks
             request.blocks, request.generated = blocks, request.generated + 1
-            request.admitted = next(self._admissions)
             self.running.append(req_id)
             step.prefill.append(req_id)
 
@@ -222,6 +218,7 @@ def serve(model, requests: list[tuple], *, num_blocks: int, block_size: int, max
     prompts = {req_id: list(prompt) for req_id, prompt, *_ in requests}
     wanted = {req_id: n for req_id, _, n, _ in requests}
     arrivals = deque(sorted((r for r in requests if r[2] > 0), key=lambda r: r[3]))  # stable: list order kept
+    cached = {}  # req_id -> tokens in its cache: the position of its next token
     live, step_no = 0, 0
     while arrivals or live:
         if not live:
@@ -237,8 +234,10 @@ def serve(model, requests: list[tuple], *, num_blocks: int, block_size: int, max
         for req_id in step.prefill:  # the prompt plus what it generated before a preemption
             cache.add_sequence(req_id)
             rows.append((req_id, prompts[req_id] + out[req_id], 0))
+            cached[req_id] = len(prompts[req_id]) + len(out[req_id])
         for req_id in step.decode:  # its last token, at the position after everything cached
-            rows.append((req_id, out[req_id][-1:], len(prompts[req_id]) + len(out[req_id]) - 1))
+            rows.append((req_id, out[req_id][-1:], cached[req_id]))
+            cached[req_id] += 1
         if rows:
             for (req_id, _, _), token in zip(rows, _forward(model, cache, rows)):
                 out[req_id].append(token)
