@@ -5,7 +5,9 @@
    for one query's attention;
 2. generate — tokens/s of the reference batched loop (kata 08), an uncached loop, and Hugging
    Face ``generate()`` on the same weights when ``transformers`` is installed;
-3. memory — bytes the caches really hold against the formula of kata 04.
+3. memory — bytes the caches really hold against the formula of kata 04;
+4. serving — continuous batching (kata 13) against static batches of kata 08's loop
+   (``grader.bench_k13``): tokens/s, time to first token, latency, blocks in use.
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from grader import manifest, targets
+from grader import bench_k13, manifest, targets
 from grader.nn import attend
 
 HEADS, HEAD_DIM = 8, 64
@@ -327,7 +329,7 @@ def plot(result: dict, path: str) -> None:
 
 def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[int] | None = None,
         batches: list[int] | None = None, steps: int | None = None, new_tokens: int = NEW_TOKENS,
-        hf: bool = True) -> dict:
+        hf: bool = True, serving_requests: int | None = None) -> dict:
     lengths = lengths or ([256, 1024, 4096] if quick else [256, 1024, 4096, 16384])
     batches = batches or ([1, 8] if quick else [1, 8, 32])
     steps = steps or (30 if quick else 100)
@@ -335,6 +337,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result = {"machine": machine(device), "append": bench_append(lengths, steps, device, progress)}
     result["generate"] = bench_generate(batches, device, progress, new_tokens, hf)
     result["memory"] = bench_memory(device, progress)
+    result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
     result["targets"] = targets_met(result)
     return result
 
@@ -354,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     result = run(args.quick, torch.device(args.device))
     print(json.dumps(result["machine"]))
-    for line in result["targets"]:
+    for line in result["targets"] + bench_k13.lines(result["serving"]):
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -76,6 +76,11 @@ Drawn with the reference solution, not with your code."""),
 **Picture: what each new token can attend to.** Row t is the step that adds token t; the coloured
 cells are the tokens still cached then: the first few (the sinks) and the most recent window. Grey
 cells were evicted. Drawn with the reference solution, not with your code."""),
+    "13": Picture("plot_schedule", {"13": ("Scheduler",)}, """\
+**Picture: a schedule.** Eight requests (prompt + new tokens) arrive over the first steps. Each column
+is one step: who waits, who is prefilled, who decodes, who is preempted when the blocks run out and
+later recomputed. Below, the blocks in use against the ten that exist. Drawn with the reference
+solution, not with your code."""),
 }
 
 

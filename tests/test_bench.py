@@ -10,8 +10,8 @@ from grader import bench
 
 def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     result = bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2],
-                       steps=3, new_tokens=4, hf=False)
-    assert {"machine", "append", "generate", "memory", "targets"} <= result.keys()
+                       steps=3, new_tokens=4, hf=False, serving_requests=4)
+    assert {"machine", "append", "generate", "memory", "serving", "targets"} <= result.keys()
     assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
     assert {(r["cache"], r["tokens"]) for r in result["append"]} == {
         (c, n) for c in ("concat", "preallocated", "paged-16", "paged-64") for n in (32, 64)}
@@ -22,6 +22,11 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     assert memory["concat"]["held_bytes"] == memory["concat"]["formula_bytes"]
     assert memory["preallocated"]["held_bytes"] >= memory["preallocated"]["formula_bytes"]
     assert memory["paged-16"]["held_bytes"] >= memory["paged-16"]["formula_bytes"]
+    serving = {r["impl"]: r for r in result["serving"]}
+    assert serving.keys() == {"serve", "static"}
+    assert all(r["tokens"] == serving["serve"]["tokens"] and r["tokens_per_s"] > 0 for r in serving.values())
+    assert serving["serve"]["peak_blocks"] <= serving["serve"]["num_blocks"]
+    assert len(serving["serve"]["blocks_over_time"]) == serving["serve"]["steps"]
     json.dumps(result)  # serialisable as --json writes it
 
 

@@ -238,12 +238,13 @@ def serve(model, requests: list[tuple], *, num_blocks: int, block_size: int, max
         for req_id in step.decode:  # its last token, at the position after everything cached
             rows.append((req_id, out[req_id][-1:], cached[req_id]))
             cached[req_id] += 1
-        if rows:
-            for (req_id, _, _), token in zip(rows, _forward(model, cache, rows)):
-                out[req_id].append(token)
-                if len(out[req_id]) == wanted[req_id] or token == eos_token_id:
-                    scheduler.finish(req_id)
-                    cache.free(req_id)
-                    live -= 1
+        if not rows:  # the policy always runs someone while a request is live; looping on would hang
+            raise RuntimeError(f"step {step_no}: the scheduler scheduled nothing with {live} request(s) unfinished")
+        for (req_id, _, _), token in zip(rows, _forward(model, cache, rows)):
+            out[req_id].append(token)
+            if len(out[req_id]) == wanted[req_id] or token == eos_token_id:
+                scheduler.finish(req_id)
+                cache.free(req_id)
+                live -= 1
         step_no += 1
     return out
