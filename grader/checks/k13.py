@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from grader.checks.common import SEEDS, value_error_names
 from grader.checks.k08 import TINY, _greedy_alone, _Recording, _SpyCache, _tiny_model
-from grader.checks.scheduler_programs import Replay, Request, State, programs
+from grader.checks.scheduler_programs import PINNED, Replay, Request, State, programs
 from grader.engine import Checks
 from grader.nn import Llama
 
@@ -32,33 +32,20 @@ def _replay(judge):
     return body
 
 
-# Pinned programs, worked by hand (request ids are 0, 1, 2, … in order of add).
-SHORT_BEHIND_LONG = {  # 0 runs with 2 of 4 blocks; 1 needs 3 blocks and waits; 2 (1 block) must wait behind it
-    "num_blocks": 4, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 16,
-    "ops": [("add", 3, 2), ("step",), ("add", 6, 1), ("add", 1, 1), ("step",), ("step",), ("drain",)]}
-PREEMPT_NEWEST = {  # 0 and 1 hold 2 blocks each; 0's decode needs a third: 1 (newest) is preempted, to the front
-    "num_blocks": 4, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 16,
-    "ops": [("add", 3, 4), ("add", 3, 4), ("step",), ("add", 1, 1), ("step",), ("step",), ("step",), ("drain",)]}
-BUDGET_COUNTS_DECODES = {  # 0 decodes (1 token); 1's 8-token prefill fits a budget of 9 only with that token counted
-    "num_blocks": 12, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 8,
-    "ops": [("add", 4, 3), ("step",), ("add", 8, 1), ("step",), ("step",), ("drain",)]}
-RECOMPUTE_LONGER = {  # 1 is preempted after 3 tokens; its recompute prefill is 4 + 3 = 7 tokens, 4 blocks of 2
-    "num_blocks": 5, "block_size": 2, "max_num_seqs": 2, "max_num_batched_tokens": 8,
-    "ops": [("add", 2, 5), ("step",), ("add", 4, 5), ("step",), ("step",), ("step",), ("step",), ("add", 1, 1),
-            ("drain",)]}
-PINNED = [SHORT_BEHIND_LONG, PREEMPT_NEWEST, BUDGET_COUNTS_DECODES, RECOMPUTE_LONGER]
 
 
 @CHECKS.add("Scheduler decisions equal the policy's, step by step, through random programs", uses="Scheduler.schedule")
 def matches_the_policy(ctx):
-    ctx.forall(programs(), _replay("reference"), max_examples=60)
-    ctx.forall(programs(blocks=(2, 4), max_ops=30), _replay("reference"), max_examples=40)
+    ctx.forall(programs(), _replay("reference"), max_examples=50)
+    ctx.forall(programs(blocks=(2, 4), max_ops=30), _replay("reference"), max_examples=30)
+    ctx.forall(programs(blocks=(16, 40), max_ops=30), _replay("reference"), max_examples=30)  # the budget binds
 
 
 @CHECKS.add("the policy's invariants hold on the scheduler's own decisions (blocks, limits, FCFS, victims)",
             uses="Scheduler.schedule")
 def keeps_the_invariants(ctx):
-    ctx.forall(programs(blocks=(2, 6), max_ops=30), _replay("invariants"), max_examples=50)
+    ctx.forall(programs(blocks=(2, 6), max_ops=30), _replay("invariants"), max_examples=40)
+    ctx.forall(programs(blocks=(16, 40), max_ops=30), _replay("invariants"), max_examples=30)
 
 
 @CHECKS.add("worked cases: a short request waits behind a long one; the newest is preempted and goes first again",

@@ -107,7 +107,8 @@ def programs(draw, max_ops=24, blocks=(2, 10)):
     for _ in range(draw(st.integers(1, max_ops))):
         kind = draw(st.sampled_from(["add", "add", "step", "step", "step", "finish"]))
         if kind == "add":
-            total = draw(st.integers(1, longest))  # prompt_len + max_new_tokens - 1
+            near = st.integers(max(1, longest - 2), longest)  # long requests make the limits bind
+            total = draw(st.integers(1, longest) | near)  # prompt_len + max_new_tokens - 1
             prompt = draw(st.integers(1, total))
             ops.append(("add", prompt, total - prompt + 1))
         elif kind == "finish":
@@ -133,12 +134,13 @@ class Replay:
 
     MAX_DRAIN = 200  # steps; the policy drains any drawn program in far fewer
 
-    def __init__(self, ctx, ex, judge: str = "reference"):
+    def __init__(self, ctx, ex, judge: str | None = "reference"):
         self.ctx, self.ex, self.judge = ctx, ex, judge
         limits = [ex[k] for k in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens")]
         self.sched = ctx.t.Scheduler(*limits)
         self.state = State(*limits)
         self.lines: list[str] = []
+        self.history: list[tuple] = []  # every step's decisions, as the scheduler returned them
         self.steps = 0
         self._next_id = 0
 
@@ -161,7 +163,7 @@ class Replay:
             f"  state before that call (running: {_ids(s.running)} oldest first; waiting: {_ids(s.waiting)} "
             f"front first; {s.used()} of {s.num_blocks} blocks held):\n"
             f"      req  prompt  max_new  generated    state  blocks\n{table or '      (no requests)'}",
-            observed=("step", self.steps) + observed)
+            observed=("step", self.steps) + observed + (() if self.judge is None else (fingerprint(self.ctx),)))
 
     def run(self) -> "Replay":
         for op in self.ex["ops"]:
@@ -200,8 +202,9 @@ class Replay:
             want = self.state.decide()
             if got != want:
                 self.fail(f"expected {_say_step(want)}", got, tuple(tuple(x) for x in got))
-        else:
+        elif self.judge == "invariants":
             self.invariants(*got)
+        self.history.append(tuple(tuple(x) for x in got))
         self.state.apply(*got)
         self.lines.append(f"schedule() -> {_say_step(got)}")
         self.steps += 1
@@ -265,3 +268,41 @@ class Replay:
                 self.fail(f"request {nxt}, next in the queue, fits (its {t} tokens, "
                           f"{math.ceil(t / s.block_size)} blocks, a sequence slot) but was not admitted", got,
                           ("not admitted", nxt))
+
+
+# -- pinned programs, worked by hand (request ids 0, 1, 2, … in order of add) ---------------------
+# Checked as worked cases, and replayed unjudged as probes: what a scheduler does on all of them
+# goes with every failure, so a diagnosis can tell look-alike bugs apart.
+SHORT_BEHIND_LONG = {  # 0 runs with 2 of 4 blocks; 1 needs 3 blocks and waits; 2 (1 block) must wait behind it
+    "num_blocks": 4, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 16,
+    "ops": [("add", 3, 2), ("step",), ("add", 6, 1), ("add", 1, 1), ("step",), ("step",), ("drain",)]}
+PREEMPT_NEWEST = {  # 0 and 1 hold 2 blocks each; at their second decode 0 needs a third: 1 (newest) is preempted
+    "num_blocks": 4, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 16,
+    "ops": [("add", 3, 4), ("add", 3, 4), ("step",), ("add", 1, 1), ("step",), ("step",), ("step",), ("drain",)]}
+VICTIM_FIRST = {  # 1 preempts itself (0 took the last block); 0 finishes; 1 (4 tokens again) is admitted before 2
+    "num_blocks": 4, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 16,
+    "ops": [("add", 4, 2), ("add", 2, 3), ("step",), ("add", 1, 1), ("step",), ("step",), ("drain",)]}
+BUDGET_COUNTS_DECODES = {  # 0 decodes (1 token); 1's 8-token prefill would fit a budget of 8 only without it
+    "num_blocks": 12, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 8,
+    "ops": [("add", 4, 3), ("step",), ("add", 8, 1), ("step",), ("step",), ("drain",)]}
+RECOMPUTE_LONGER = {  # 1 is preempted after 2 tokens; its recompute prefill is 4 + 2 = 6 tokens, 3 blocks of 2
+    "num_blocks": 5, "block_size": 2, "max_num_seqs": 2, "max_num_batched_tokens": 8,
+    "ops": [("add", 2, 5), ("step",), ("add", 4, 5), ("step",), ("step",), ("step",), ("step",), ("add", 1, 1),
+            ("drain",)]}
+PINNED = [SHORT_BEHIND_LONG, PREEMPT_NEWEST, VICTIM_FIRST, BUDGET_COUNTS_DECODES, RECOMPUTE_LONGER]
+
+
+def fingerprint(ctx) -> tuple:
+    """The target's decisions on every pinned program, unjudged: equal for two schedulers only when
+    they behave alike there too, which keeps the diagnosis from naming a look-alike bug."""
+    seen = []
+    for ex in PINNED:
+        replay = Replay(ctx, ex, judge=None)
+        try:
+            replay.run()
+            seen.append(tuple(replay.history))
+        except Failure:  # it starved a request
+            seen.append(("stuck", tuple(replay.history)))
+        except Exception as exc:  # noqa: BLE001 — any crash is part of how it behaves
+            seen.append(("raised", type(exc).__name__, tuple(replay.history)))
+    return tuple(seen)

@@ -58,14 +58,6 @@ MISTAKES = [
                 "    mask[torch.tensor([len(t) == 1 for _, t, _ in rows])] = True\n    mask &= real[:, :, None]  # a pad query"),),
     ),
     Mistake(
-        name="admitting in a step that preempts",
-        why="a preemption says memory is short; admitting in the same step takes blocks the running requests "
-            "need next, and can preempt again at once.",
-        hint="After a step has preempted someone, should it still admit waiting requests?",
-        edits=(("        if not step.preempted:  # a step that preempts admits no one\n            self._admit(step)",
-                "        self._admit(step)"),),
-    ),
-    Mistake(
         name="preempted request sent to the back of the queue",
         why="a preempted request was admitted before everyone still waiting; it goes to the front, or it waits "
             "behind newer requests and its work so far is wasted longer.",
