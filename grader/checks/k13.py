@@ -280,12 +280,14 @@ def serve_rejects_bad_input(ctx):
 
 
 class _Watched(_Recording):
-    """Notes the dtype and device of the keys every cache update returns."""
+    """Notes the dtypes of the keys and values every cache update returns."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.seen: set = set()
 
     def forward(self, input_ids, position_ids=None, cache=None, attention_mask=None, **kwargs):
-        seen = getattr(self, "seen", set())
-        self.seen = seen
-        watched = None if cache is None else _Noting(cache, seen)
+        watched = None if cache is None else _Noting(cache, self.seen)
         return super().forward(input_ids, position_ids, watched, attention_mask, **kwargs)
 
 
@@ -305,7 +307,7 @@ def serve_keeps_the_model_dtype(ctx):
     def body(c, ex):
         model = _tiny_model(ex["seed"], c.device, recording=_Watched).to(ex["dtype"])
         _serve(c, ex, model, _requests(ex))
-        seen = getattr(model, "seen", set())
+        seen = model.seen
         if seen != {(ex["dtype"], ex["dtype"])}:
             c.fail(f"the model is {ex['dtype']}; your cache returned keys and values of dtypes {sorted(map(str, seen))}",
                    ex, ("dtype", tuple(sorted(map(str, seen)))))
