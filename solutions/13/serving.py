@@ -1,8 +1,8 @@
 """Kata 13 — continuous batching with preemption (reference solution).
 
 Shapes: B rows of one step (prefills + decodes), T the longest row of the step (a prefill's
-length, or 1), S_b the tokens row b holds after the step, S the longest of them, Hkv KV heads,
-D head width, V vocabulary. The cache is ``grader.paged.PagedKVCache`` (kata 06's API); the
+length, or 1), N the real tokens of the step, S the keys each row is shown (its blocks, padded to
+the widest table), Hkv KV heads, P block size, D head width, V vocabulary. The cache is ``grader.paged.PagedKVCache`` (kata 06's API); the
 model is ``grader.nn.Llama`` or anything with its interface (``config``, ``device``, ``dtype``,
 ``model(input_ids, position_ids=, cache=, attention_mask=, logits_to_keep=) -> logits``).
 """
@@ -143,24 +143,34 @@ class Scheduler:
 class _StepCache:
     """The rows of one step over the paged cache, as the model's ``update`` sees them.
 
-    Row b holds ``lengths[b]`` real tokens, left-padded to T; its keys come back right-padded to S.
+    Row b holds ``lengths[b]`` real tokens, left-padded to T. Its keys come back read through its
+    block table, padded to the widest table: S = blocks * block_size, the unused slots masked.
     """
 
     def __init__(self, cache: PagedKVCache, seq_ids: list, lengths: list[int], T: int):
-        self.cache, self.seq_ids, self.lengths, self.T = cache, seq_ids, lengths, T
-        self.slots = [cache.reserve(seq, n) for seq, n in zip(seq_ids, lengths)]  # one reservation per step
-        self.S = max(cache.seq_len(seq) for seq in seq_ids)
+        self.cache = cache
+        device = cache.k_pages[0].device
+        # One reservation per step, one write per layer: every row's new slots together (N,).
+        self.slots = torch.cat([cache.reserve(seq, n) for seq, n in zip(seq_ids, lengths)])
+        rows = [b for b, n in enumerate(lengths) for _ in range(n)]
+        cols = [T - n + j for n in lengths for j in range(n)]  # the real columns of each row
+        self.rows, self.cols = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+        tables = [cache.block_table(seq) for seq in seq_ids]
+        width = max(len(table) for table in tables)
+        # A short table is padded with its own first block: read, then masked, never written.
+        self.tables = torch.tensor([t + t[:1] * (width - len(t)) for t in tables], device=device)  # (B, n)
+        self.S = width * cache.block_size
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write each row's real columns of ``k``, ``v`` (B, Hkv, T, D); return (B, Hkv, S, D)."""
         B, H, _, D = k.shape
-        keys = k.new_zeros(B, H, self.S, D)
-        values = v.new_zeros(B, H, self.S, D)
-        for b, (seq, slots, n) in enumerate(zip(self.seq_ids, self.slots, self.lengths)):
-            self.cache.write(layer, slots, k[b, :, self.T - n:], v[b, :, self.T - n:])
-            K, V = self.cache.gather(seq, layer)  # (Hkv, S_b, D)
-            keys[b, :, :K.shape[1]], values[b, :, :V.shape[1]] = K, V
-        return keys, values
+        new_k = k[self.rows, :, self.cols].transpose(0, 1)  # (N, Hkv, D) -> (Hkv, N, D)
+        new_v = v[self.rows, :, self.cols].transpose(0, 1)
+        self.cache.write(layer, self.slots, new_k, new_v)
+        K = self.cache.k_pages[layer][self.tables]  # (B, n, Hkv, P, D)
+        V = self.cache.v_pages[layer][self.tables]
+        return (K.transpose(1, 2).reshape(B, H, self.S, D),  # (B, Hkv, n * P, D)
+                V.transpose(1, 2).reshape(B, H, self.S, D))
 
 
 def _check_requests(model, requests, limits: tuple) -> None:
