@@ -13,6 +13,8 @@
    cache per beam (``grader.bench_k11``).
 7. speculative — tokens/s and target forwards per token of speculative decoding (kata 12) with a
    close, a perturbed and a random draft, against plain greedy decoding (``grader.bench_k12``).
+8. serving — continuous batching (kata 13) against static batches of kata 08's loop
+   (``grader.bench_k13``): tokens/s, time to first token, latency, blocks in use.
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from grader import bench_k09, bench_k12, manifest, targets
+from grader import bench_k09, bench_k12, bench_k13, manifest, targets
 from grader.bench_k11 import bench_beam
 from grader.nn import attend
 
@@ -375,7 +377,7 @@ def plot(result: dict, path: str) -> None:
 
 def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[int] | None = None,
         batches: list[int] | None = None, steps: int | None = None, new_tokens: int = NEW_TOKENS,
-        hf: bool = True, speculative_tokens: int | None = None) -> dict:
+        hf: bool = True, speculative_tokens: int | None = None, serving_requests: int | None = None) -> dict:
     lengths = lengths or ([256, 1024, 4096] if quick else [256, 1024, 4096, 16384])
     batches = batches or ([1, 8] if quick else [1, 8, 32])
     steps = steps or (30 if quick else 100)
@@ -387,6 +389,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["prefix_cache"] = bench_prefix_cache(device, progress, quick)
     result["beam"] = bench_beam(device, progress, quick)
     result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
+    result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
     result["targets"] = targets_met(result)
     return result
 
@@ -406,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     result = run(args.quick, torch.device(args.device))
     print(json.dumps(result["machine"]))
-    for line in result["targets"] + bench_k12.lines(result["speculative"]):
+    for line in result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"]):
         print(line)
     for line in bench_k09.summary(result["quantized"]):
         print(line)

@@ -101,6 +101,11 @@ tiny target and drafts made from it by adding more and more noise to its weights
 (the dotted lines are the k + 1 of a perfect draft). Right: the expected speedup over plain decoding
 when each proposal is accepted with probability α and a draft forward costs c = 0.05 of a target
 forward. Measured with the reference solution, not with your code."""),
+    "13": Picture("plot_schedule", {"13": ("Scheduler",)}, """\
+**Picture: a schedule.** Eight requests (prompt + new tokens) arrive over the first steps. Each column
+is one step: who waits, who is prefilled, who decodes, who is preempted when the blocks run out and
+later recomputed. Below, the blocks in use against the ten that exist. Drawn with the reference
+solution, not with your code."""),
 }
 
 

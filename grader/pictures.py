@@ -345,3 +345,54 @@ def plot_speculative(ks: tuple[int, ...] = (2, 4, 8), noises: tuple[float, ...] 
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def plot_schedule(num_blocks: int = 10, block_size: int = 4, max_num_seqs: int = 4, max_num_batched_tokens: int = 24):
+    """Kata 13: who prefills, decodes, waits or is preempted at each step, and the blocks in use."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    ref, plt = _reference("13"), _pyplot()
+    # (prompt_len, max_new_tokens, arrival step): mixed lengths, staggered arrivals
+    work = [(9, 8, 0), (6, 12, 0), (3, 4, 1), (12, 6, 2), (5, 10, 3), (4, 3, 5), (8, 5, 6), (2, 9, 8)]
+    sched = ref.Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens)
+    made, held, rows, used = [0] * len(work), {}, [], []
+    step, live = 0, set()
+    while step < 200 and (live or any(a >= step for *_, a in work)):
+        for r, (p, n, a) in enumerate(work):
+            if a == step:
+                sched.add_request(r, p, n)
+                live.add(r)
+        s = sched.schedule()
+        state = [0 if r not in live or work[r][2] > step else 1 for r in range(len(work))]  # 1 waiting
+        for r in s.preempted:
+            state[r], held[r] = 4, 0
+        for r in s.prefill + s.decode:
+            made[r] += 1
+            state[r] = 2 if r in s.prefill else 3
+            held[r] = -(-(work[r][0] + made[r] - 1) // block_size)
+        rows.append(state)
+        used.append(sum(held.values()))
+        for r in s.prefill + s.decode:
+            if made[r] == work[r][1]:
+                sched.finish(r)
+                live.discard(r)
+                held[r] = 0
+        step += 1
+    colours = ["white", "#d9d9d9", "#f4b183", "#9dc3e6", "#c00000"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.4), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    top.imshow(np.array(rows).T, cmap=ListedColormap(colours), vmin=0, vmax=4, aspect="auto")
+    top.set(ylabel="request", yticks=range(len(work)),
+            yticklabels=[f"{r}: {p}+{n}" for r, (p, n, _) in enumerate(work)],
+            title=f"{num_blocks} blocks of {block_size}, at most {max_num_seqs} running, "
+                  f"{max_num_batched_tokens} tokens per step")
+    top.legend(handles=[Patch(color=c, label=l) for c, l in zip(colours[1:], ("waiting", "prefill", "decode",
+                                                                             "preempted"))],
+               loc="lower left", fontsize=8, ncol=2)
+    bottom.step(range(len(used)), used, where="mid")
+    bottom.axhline(num_blocks, color="black", linestyle="--", linewidth=1)
+    bottom.set(xlabel="step", ylabel="blocks in use", ylim=(0, num_blocks + 1))
+    bottom.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig

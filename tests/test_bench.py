@@ -10,9 +10,9 @@ from grader import bench
 
 def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     result = bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2],
-                       steps=3, new_tokens=4, hf=False, speculative_tokens=6)
+                       steps=3, new_tokens=4, hf=False, speculative_tokens=6, serving_requests=4)
     assert {"machine", "append", "generate", "memory", "quantized", "prefix_cache", "beam", "speculative",
-            "targets"} <= result.keys()
+            "serving", "targets"} <= result.keys()
     assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
     assert {(r["cache"], r["tokens"]) for r in result["append"]} == {
         (c, n) for c in ("concat", "preallocated", "paged-16", "paged-64") for n in (32, 64)}
@@ -37,6 +37,11 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     assert [(r["decoder"], r["draft"]) for r in result["speculative"]] == [
         ("plain", None), ("speculative", "close"), ("speculative", "perturbed"), ("speculative", "random")]
     assert all(r["same_tokens"] and r["tokens_per_s"] > 0 for r in result["speculative"])
+    serving = {r["impl"]: r for r in result["serving"]}
+    assert serving.keys() == {"serve", "static"}
+    assert all(r["tokens"] == serving["serve"]["tokens"] and r["tokens_per_s"] > 0 for r in serving.values())
+    assert serving["serve"]["peak_blocks"] <= serving["serve"]["num_blocks"]
+    assert len(serving["serve"]["blocks_over_time"]) == serving["serve"]["steps"]
     json.dumps(result)  # serialisable as --json writes it
 
 
