@@ -5,7 +5,16 @@
    for one query's attention;
 2. generate — tokens/s of the reference batched loop (kata 08), an uncached loop, and Hugging
    Face ``generate()`` on the same weights when ``transformers`` is installed;
-3. memory — bytes the caches really hold against the formula of kata 04.
+3. memory — bytes the caches really hold against the formula of kata 04;
+4. quantized — kata 09's cache at 2, 4 and 8 bits: bytes against fp16, attention error (bench_k09).
+5. prefix cache — prefill tokens computed with and without prefix caching (kata 10) for requests
+   that share a system prompt, and the hit rate.
+6. beam — blocks a beam search holds when its beams share the prompt's blocks, against a dense
+   cache per beam (``grader.bench_k11``).
+7. speculative — tokens/s and target forwards per token of speculative decoding (kata 12) with a
+   close, a perturbed and a random draft, against plain greedy decoding (``grader.bench_k12``).
+8. serving — continuous batching (kata 13) against static batches of kata 08's loop
+   (``grader.bench_k13``): tokens/s, time to first token, latency, blocks in use.
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -15,6 +24,7 @@ import argparse
 import json
 import math
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -23,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from grader import manifest, targets
+from grader import bench_k09, bench_k12, bench_k13, manifest, targets
+from grader.bench_k11 import bench_beam
 from grader.nn import attend
 
 HEADS, HEAD_DIM = 8, 64
@@ -260,6 +271,45 @@ def bench_memory(device: torch.device, progress: Progress) -> list[dict]:
     return rows
 
 
+# -- prefix caching (kata 10) ---------------------------------------------------------------------
+def prefix_workload(requests: int = 32, prefix: int = 512, suffix: tuple[int, int] = (32, 128),
+                    seed: int = 0) -> list[list[int]]:
+    """Prompts that share one ``prefix``-token system prompt, then diverge (own tokens, ``suffix`` long)."""
+    rng = random.Random(seed)
+    system = [rng.randrange(32000) for _ in range(prefix)]
+    return [system + [rng.randrange(32000) for _ in range(rng.randint(*suffix))] for _ in range(requests)]
+
+
+def bench_prefix_cache(device: torch.device, progress: Progress, quick: bool) -> list[dict]:
+    """Prefill tokens computed and blocks held, without and with prefix caching (the reference of kata 10).
+
+    "concurrent": every request is live at once; "one after another": each is freed before the next,
+    in a pool of only 3 requests' worth of blocks, so the prompt survives as evictable cached blocks.
+    Bookkeeping only: ``device`` is not used.
+    """
+    cache_class, block = reference("10")["PrefixCache"], 16
+    prompts = prefix_workload(requests=16 if quick else 32)
+    total = sum(len(p) for p in prompts)
+    alone = sum(-(-len(p) // block) for p in prompts)
+    rows = []
+    for mode, num_blocks in (("concurrent", alone), ("one after another", 3 * (-(-(512 + 128) // block)))):
+        cache = cache_class(num_blocks, block)
+        started, reused, held = time.perf_counter(), 0, 0
+        for seq, prompt in enumerate(prompts):
+            reused += cache.allocate(seq, prompt)
+            held = max(held, num_blocks - cache.num_free_blocks)
+            if mode != "concurrent":
+                cache.free(seq)
+        seconds = time.perf_counter() - started
+        rows.append({"mode": mode, "requests": len(prompts), "prefix": 512, "block_size": block,
+                     "prompt_tokens": total, "computed_without": total, "computed_with": total - reused,
+                     "hit_rate": reused / total, "blocks_without": alone if mode == "concurrent" else None,
+                     "blocks_with": held, "us_per_request": seconds / len(prompts) * 1e6})
+        progress.step(f"prefix cache {mode}", f"prefill {total - reused:,} of {total:,} tokens "
+                      f"(hit rate {reused / total:.0%}), at most {held} blocks held")
+    return rows
+
+
 # -- the command ----------------------------------------------------------------------------
 def machine(device: torch.device) -> dict:
     info = {"device": device.type, "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -327,14 +377,19 @@ def plot(result: dict, path: str) -> None:
 
 def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[int] | None = None,
         batches: list[int] | None = None, steps: int | None = None, new_tokens: int = NEW_TOKENS,
-        hf: bool = True) -> dict:
+        hf: bool = True, speculative_tokens: int | None = None, serving_requests: int | None = None) -> dict:
     lengths = lengths or ([256, 1024, 4096] if quick else [256, 1024, 4096, 16384])
     batches = batches or ([1, 8] if quick else [1, 8, 32])
     steps = steps or (30 if quick else 100)
-    progress = Progress(len(lengths) * 4 + 3, quiet)  # generation adds its own count
+    progress = Progress(len(lengths) * 4 + 5 + bench_k09.steps(lengths), quiet)  # generation adds its own count
     result = {"machine": machine(device), "append": bench_append(lengths, steps, device, progress)}
     result["generate"] = bench_generate(batches, device, progress, new_tokens, hf)
     result["memory"] = bench_memory(device, progress)
+    result["quantized"] = bench_k09.bench_quant(lengths, device, progress)
+    result["prefix_cache"] = bench_prefix_cache(device, progress, quick)
+    result["beam"] = bench_beam(device, progress, quick)
+    result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
+    result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
     result["targets"] = targets_met(result)
     return result
 
@@ -354,8 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     result = run(args.quick, torch.device(args.device))
     print(json.dumps(result["machine"]))
-    for line in result["targets"]:
+    for line in result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"]):
         print(line)
+    for line in bench_k09.summary(result["quantized"]):
+        print(line)
+    for row in result["prefix_cache"]:
+        print(f"prefix cache, {row['mode']}: {row['requests']} requests sharing a {row['prefix']}-token prompt "
+              f"prefill {row['computed_with']:,} of {row['prompt_tokens']:,} tokens (hit rate {row['hit_rate']:.1%})")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
         print(f"results written to {args.json}")

@@ -8,7 +8,7 @@
     kvkata solution NN [--force]  the diff from stub to reference, once the kata passes
     kvkata interview / submit / quiz / history     timed interview practice (grader.sessions)
     kvkata assign / grade         handouts and isolated grading of a cohort (grader.classroom)
-    kvkata autograder             a Gradescope autograder zip for a level (grader.autograder)
+    kvkata autograder             a Gradescope autograder zip for a level (grader.classroom.autograder)
 
 Errors in how it is called print one line and exit with 2, never a traceback.
 """
@@ -172,26 +172,26 @@ def cmd_history(args) -> int:
 
 
 def cmd_assign(args) -> int:
-    from grader import classroom
+    from grader.classroom import handouts
 
-    print(classroom.assign(args.level, args.out, args.only, args.force))
+    print(handouts.assign(args.level, args.out, args.only, args.force))
     return 0
 
 
 def cmd_grade(args) -> int:
-    from grader import classroom, cohort
+    from grader.classroom import cohort, grading
 
     if args.jobs < 1 or args.timeout <= 0 or (args.memory is not None and args.memory < 256):
         raise UsageError("-j must be at least 1, --timeout positive and --memory at least 256 (MB)")
     settings = cohort.Settings(device=args.device, seed=args.seed, timeout=args.timeout, memory_mb=args.memory,
                                jobs=args.jobs)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    print(classroom.grade(args.submissions, settings, args.level, args.only, args.report, args.json, args.junit, progress))
+    print(grading.grade(args.submissions, settings, args.level, args.only, args.report, args.json, args.junit, progress))
     return 0
 
 
 def cmd_autograder(args) -> int:
-    from grader import autograder
+    from grader.classroom import autograder
 
     if args.timeout <= 0 or args.memory < 256:
         raise UsageError("--timeout must be positive and --memory at least 256 (MB)")

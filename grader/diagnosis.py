@@ -15,7 +15,7 @@ differ, or, for a single suspect, on which it fails; where no input separates tw
 
 The checks' inputs are listed by running a check function with a context whose ``forall`` and
 ``case`` only write down what they were given (``Lister``). The classroom's replay side
-(grader.replay) answers the same questions from the record of the learner's run.
+(grader.classroom.replay) answers the same questions from the record of the learner's run.
 """
 from __future__ import annotations
 

@@ -76,6 +76,36 @@ Drawn with the reference solution, not with your code."""),
 **Picture: what each new token can attend to.** Row t is the step that adds token t; the coloured
 cells are the tokens still cached then: the first few (the sinks) and the most recent window. Grey
 cells were evicted. Drawn with the reference solution, not with your code."""),
+    "09": Picture("plot_quantized_cache", {"09": ("quantize", "dequantize", "QuantizedKVCache")}, """\
+**Picture: why keys go per channel, and what the bits save.** Left: one group of 4-bit keys with an
+outlier channel. Per token, the outlier sets every token's step, and the ordinary channels' error
+grows by an order of magnitude; per channel, each channel keeps its own step. Right: bytes held by
+a cache shaped like an 8-billion-parameter Llama as it grows, fp16 against 8, 4 and 2 bits with a
+residual of 32 tokens. Drawn with the reference solution, not with your code."""),
+    "10": Picture("plot_prefix_cache", {"10": ("PrefixCache",)}, """\
+**Picture: what the prefix cache finds.** Left: four prompts that start with one 8-token system
+prompt, allocated in turn in blocks of 4; a cell names the physical block, orange where it was
+reused. Request 2 repeats request 0, yet its last block is computed again (the last token's logits
+are needed); request 3 is an exact multiple of the block size, so its third block is recomputed.
+Right: prompt tokens prefilled for 32 requests sharing a 512-token prompt. Drawn with the reference
+solution, not with your code."""),
+    "11": Picture("plot_beam_blocks", {"11": ("beam_search",)}, """\
+**Picture: what sharing the prompt saves a beam search.** Left: blocks in use at each forward of a
+4-beam search over a 100-token prompt in blocks of 16, against one cache per beam holding its own
+copy of the prompt. Right: the peak as the number of beams grows. Each beam adds only its copy of
+the partly filled prompt block and the blocks of its own tokens. Drawn with the reference solution
+on a tiny random model, not with your code."""),
+    "12": Picture("plot_speculative", {"12": ("speculative_generate",)}, """\
+**Picture: what a draft buys.** Left: tokens the target confirms per verification forward, for a
+tiny target and drafts made from it by adding more and more noise to its weights, at k = 2, 4 and 8
+(the dotted lines are the k + 1 of a perfect draft). Right: the expected speedup over plain decoding
+when each proposal is accepted with probability α and a draft forward costs c = 0.05 of a target
+forward. Measured with the reference solution, not with your code."""),
+    "13": Picture("plot_schedule", {"13": ("Scheduler",)}, """\
+**Picture: a schedule.** Eight requests (prompt + new tokens) arrive over the first steps. Each column
+is one step: who waits, who is prefilled, who decodes, who is preempted when the blocks run out and
+later recomputed. Below, the blocks in use against the ten that exist. Drawn with the reference
+solution, not with your code."""),
 }
 
 

@@ -14,10 +14,11 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from grader import checks, grade, manifest, mistakes, plain, targets
+from grader import checks, grade, manifest, mistakes, targets
+from grader.classroom import plain
 from grader.engine import run_check
-from grader.record import RecordingCtx
-from grader.replay import NO_RECORD, ReplayCtx
+from grader.classroom.record import RecordingCtx
+from grader.classroom.replay import NO_RECORD, ReplayCtx
 from test_cli import K01, KATAS, copy_repo, kvkata, usage_error
 
 REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
@@ -211,16 +212,16 @@ def test_a_forged_record_never_passes(tmp_path):
 
 def _grade_one(tmp_path, source: str, **settings) -> dict:
     """Grade one kata-01 submission in process (the workers are still separate processes)."""
-    from grader import classroom, cohort
+    from grader.classroom import cohort, grading
 
     (tmp_path / "sub" / "katas" / "01").mkdir(parents=True)
     (tmp_path / "sub" / K01.stub).write_text(source)
-    jobs = classroom.jobs_for([str(tmp_path / "sub")], None, False)
+    jobs = grading.jobs_for([str(tmp_path / "sub")], None, False)
     return cohort.grade_all(jobs, cohort.Settings(**settings))[0]
 
 
 def test_a_grader_that_cannot_start_is_never_charged_to_the_student(tmp_path, monkeypatch):
-    from grader import cohort
+    from grader.classroom import cohort
 
     monkeypatch.setattr(cohort, "WORKER", "grader.no_such_worker")  # as a broken install would fail
     row = _grade_one(tmp_path, REFERENCE)
@@ -242,11 +243,11 @@ def test_the_default_memory_budget_is_the_students_not_torchs(tmp_path):
 
 def test_fresh_workers_give_the_same_rows_as_warm_ones(graded):
     """Workers forked from the warm server and fresh interpreters grade alike, hostile code included."""
-    from grader import classroom, cohort
+    from grader.classroom import cohort, grading
 
     _, rows, _, tmp = graded
     names = ["mistake", "exits", "memory", "tamperer", "hang"]
-    jobs = classroom.jobs_for([str(tmp / name) for name in names], None, False)
+    jobs = grading.jobs_for([str(tmp / name) for name in names], None, False)
     fresh = cohort.grade_all(jobs, cohort.Settings(jobs=2, timeout=10, memory_mb=2048, warm=False))
     assert [(r["status"], str(r["passed"]), r["diagnosis"]) for r in fresh] == \
         [(rows[n]["status"], rows[n]["passed"], rows[n]["diagnosis"]) for n in names]

@@ -18,7 +18,7 @@ ROOT = manifest.REPO_ROOT
 KATAS = list(manifest.load().values())
 K01 = manifest.get("01")
 SKIP = shutil.ignore_patterns(".git", ".kvkata", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",
-                              ".benchmarks", "handout*")
+                              ".benchmarks", "handout-level*")
 
 
 def git(repo: Path, *args: str) -> None:

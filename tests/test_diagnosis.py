@@ -11,10 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from grader import checks, grade, judge, manifest, mistakes, plain, targets
+from grader import checks, grade, manifest, mistakes, targets
+from grader.classroom import judge, plain
 from grader.engine import run_check
 from grader.mistakes import Mistake
-from grader.record import RecordingCtx
+from grader.classroom.record import RecordingCtx
 
 KATAS = list(manifest.load().values())
 MISTAKES = [(k.id, m) for k in KATAS for m in mistakes.catalogue(k.id)]
@@ -111,7 +112,7 @@ def test_an_unknown_bug_is_caught_and_never_given_a_known_name(kata_id, name):
 
 def _classroom(kata_id: str, target, tmp_path) -> list:
     """Grade as ``kvkata grade`` does: record the target's run check by check, save and load the
-    records as plain data, then judge each check from them (grader.judge)."""
+    records as plain data, then judge each check from them (grader.classroom.judge)."""
     kata, settings = manifest.get(kata_id), SimpleNamespace(device="cpu", seed=0)
     reference, records = targets.reference(kata), {}
     for check in checks.for_kata(kata_id).all:

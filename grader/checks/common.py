@@ -12,6 +12,7 @@ from torch import nn
 
 from grader import report
 from grader.engine import Failure
+from grader.nn import Llama, LlamaConfig
 
 DTYPES = st.sampled_from([torch.float64, torch.float32])
 SEEDS = st.integers(0, 2**16)
@@ -21,6 +22,24 @@ def randn(seed: int, *shape: int, dtype=torch.float64, device="cpu", scale: floa
     """Reproducible normal noise, drawn on the CPU so every device sees the same numbers."""
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
+
+
+TINY_LLAMA = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+
+def tiny_llama(seed: int, device, cls=Llama, **overrides) -> Llama:
+    """A seeded float64 Llama (``TINY_LLAMA``, fields replaced by ``overrides``), built as ``cls``."""
+    with torch.random.fork_rng(devices=[]):  # the default init is overwritten; keep the global RNG untouched
+        model = cls(LlamaConfig(**{**TINY_LLAMA, **overrides})).to(device=device, dtype=torch.float64)
+    with torch.no_grad():
+        for i, (name, p) in enumerate(sorted(model.named_parameters())):
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * randn(seed * 97 + i, *p.shape, device=device))
+            else:
+                scale = 1.0 if "embed" in name else 1 / math.sqrt(p.shape[1])
+                p.copy_(randn(seed * 97 + i, *p.shape, device=device, scale=scale))
+    return model.eval()
 
 
 def chunks(total: int, pieces: list[int]) -> list[int]:

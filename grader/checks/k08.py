@@ -9,7 +9,6 @@ Two stand-in models with fixed logits test EOS bookkeeping and the sampling dist
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -17,14 +16,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 from grader.checks import devices
-from grader.checks.common import SEEDS, randn, value_error_names
+from grader.checks.common import SEEDS, TINY_LLAMA, tiny_llama, value_error_names
 from grader.engine import Checks
 from grader.nn import Llama, LlamaConfig
 
 CHECKS = Checks("08")
 
-TINY = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+TINY = TINY_LLAMA
 TIE = 1e-9  # top two logits closer than this: either token is a correct greedy choice
 CHI2_DF7_P1E6 = 40.52  # chi-square with 7 degrees of freedom exceeds this with probability 1e-6
 CUDA = torch.cuda.is_available()
@@ -62,18 +60,10 @@ class _Recording(Llama):
         return super().forward(input_ids, position_ids, spy, attention_mask, **kwargs)
 
 
-def _tiny_model(seed: int, device) -> _Recording:
-    """A seeded float64 Llama: vocab 48, width 32, 2 layers, 4 query heads sharing 2 KV heads."""
-    with torch.random.fork_rng(devices=[]):  # the default init is overwritten; keep the global RNG untouched
-        model = _Recording(LlamaConfig(**TINY)).to(device=device, dtype=torch.float64)
-    with torch.no_grad():
-        for i, (name, p) in enumerate(sorted(model.named_parameters())):
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * randn(seed * 97 + i, *p.shape, device=device))
-            else:
-                scale = 1.0 if "embed" in name else 1 / math.sqrt(p.shape[1])
-                p.copy_(randn(seed * 97 + i, *p.shape, device=device, scale=scale))
-    return model.eval()
+def _tiny_model(seed: int, device, recording: type = _Recording) -> _Recording:
+    """A seeded float64 Llama: vocab 48, width 32, 2 layers, 4 query heads sharing 2 KV heads.
+    ``recording``: the class that notes the calls, ``_Recording`` or a subclass of it."""
+    return tiny_llama(seed, device, cls=recording)
 
 
 class _FixedLogits(nn.Module):

@@ -1,7 +1,7 @@
 """The grader's side of ``kvkata grade``: turn what a worker recorded into one honest row.
 
 Runs in the parent process, which never executes learner code. Every check is replayed against
-the reference (grader.replay); the record is read with ``weights_only=True`` (grader.plain), so a
+the reference (grader.classroom.replay); the record is read with ``weights_only=True`` (grader.classroom.plain), so a
 forged or corrupt record can fail a check, never crash this process or pass a check by itself.
 """
 from __future__ import annotations
@@ -10,9 +10,10 @@ import collections
 import signal
 from functools import lru_cache
 
-from grader import checks, manifest, mistakes, plain, report, targets
+from grader import checks, manifest, mistakes, report, targets
+from grader.classroom import plain
 from grader.engine import GraderBug, Result, run_check
-from grader.replay import UNVERIFIED, NeedsLearner, ReplayCtx
+from grader.classroom.replay import UNVERIFIED, NeedsLearner, ReplayCtx
 
 TAMPERED = "your code tampered with the grader ({what}); every check of this kata fails"
 NOT_RUN_TIME = "not run: the time limit of {seconds:g} s for this kata was reached"

@@ -1,12 +1,12 @@
 """Grading many submissions, each isolated: the engine of ``kvkata grade``.
 
-Each submission × kata runs in a worker process of its own (grader.classroom_worker) with a time
+Each submission × kata runs in a worker process of its own (grader.classroom.worker) with a time
 limit, a memory limit and an audit hook, in parallel, in a sandbox folder holding a copy of the
 submitted file. Workers are forked from a warm server that has imported torch and the grader once
 (multiprocessing's forkserver), so a worker costs a fork instead of a Python start and a torch
 import; each one still gets its own process, session, folder, limits and audit hook, all applied
 after the fork. Where there is no forkserver (Windows), each worker is a fresh interpreter. The worker only records what the learner's code did; this process — which never
-runs learner code — replays the records against the reference (grader.replay) and makes the row.
+runs learner code — replays the records against the reference (grader.classroom.replay) and makes the row.
 A worker that hangs, crashes, exits, floods its output or tampers with the grader gets an honest
 failing row; no worker can change another row or stop the run.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 from grader import manifest
 
 OUTPUT_CAP = 64 * 1024  # bytes of a worker's output kept for the report
-WORKER = "grader.classroom_worker"  # the module each worker runs
+WORKER = "grader.classroom.worker"  # the module each worker runs
 
 
 @dataclass
@@ -135,7 +135,7 @@ class Forked:
 
 
 def _forked_worker(worker: str, spec_path: str, output, environment: dict) -> None:
-    """In the forked child: become what a fresh ``python -m grader.classroom_worker`` would be (its
+    """In the forked child: become what a fresh ``python -m grader.classroom.worker`` would be (its
     own session, output, folder and environment), then grade."""
     os.setsid()  # its own process group, which the parent kills at the time limit
     os.dup2(output.fileno(), 1)
@@ -153,7 +153,7 @@ def start_server(katas: list[manifest.Kata]) -> None:
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [WORKER, "grader.record", *[f"grader.checks.k{k.id}" for k in katas]])
+        [WORKER, "grader.classroom.record", *[f"grader.checks.k{k.id}" for k in katas]])
     fixed = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with _environ(fixed):
         forkserver.ensure_running()
@@ -228,7 +228,7 @@ def kill(proc) -> None:
 def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
     """One row per job, in the order of ``jobs``; workers run ``settings.jobs`` at a time and
     this thread judges each as it finishes."""
-    from grader import judge
+    from grader.classroom import judge
 
     roots = sorted({j.root.resolve() for j in jobs})
     if settings.warm:

@@ -1,20 +1,15 @@
-"""The instructor's commands: ``kvkata assign`` makes a handout of a level's katas, ``kvkata grade``
-grades a cohort's submissions (each isolated, see grader.cohort) and writes the reports."""
+"""``kvkata assign``: a handout of a level's katas — stubs, READMEs, notebooks and the grader without
+solutions, mistakes or the checks of other katas."""
 from __future__ import annotations
 
-import csv
-import io
-import json
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from xml.etree import ElementTree as ET
 
-from grader import checks, cohort, learner, manifest, state
+from grader import learner, manifest, state
 from grader.errors import UsageError
 
-CSV_COLUMNS = ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds"]
 STUDENT_README = """# KV-cache katas — level {level} handout
 
 {table}
@@ -83,7 +78,7 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
 
 def _pyproject() -> str:
     text = (manifest.REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    return text.replace("-p grader.plugin", "-p grader.handout")
+    return text.replace("-p grader.plugin", "-p grader.classroom.handout_plugin")
 
 
 def assign(level: int, out: str | None, only: bool = False, force: bool = False) -> str:
@@ -129,82 +124,3 @@ def _fill(build: Path, katas: list[manifest.Kata], level: int) -> list[str]:
     text = STUDENT_README.format(level=level, table=table, notebooks=hint, first=katas[0].id, first_stub=katas[0].stub)
     (build / "README.md").write_text(text, encoding="utf-8")
     return notebooks
-
-
-# -- grade ----------------------------------------------------------------------------------
-def _names(roots: list[Path]) -> list[str]:
-    names = [r.name or str(r) for r in roots]
-    return [str(r) if names.count(n) > 1 else n for r, n in zip(roots, names)]
-
-
-def jobs_for(paths: list[str], level: int | None, only: bool) -> list[cohort.Job]:
-    """Every submission × kata to grade; a clear error for a path that is no folder or a kata
-    that cannot be graded here."""
-    roots = list(dict.fromkeys(Path(p) for p in paths))
-    for r in roots:
-        if not r.is_dir():
-            raise UsageError(f"{r}: not a folder; a submission is a folder holding katas/NN/<file>")
-    if level is not None:
-        katas = katas_for(level, only)
-    else:
-        katas = [k for k in manifest.load().values() if any(cohort.find_file(r, k) for r in roots)]
-        if not katas:
-            raise UsageError("no kata file in any submission (expected katas/NN/<file>, e.g. katas/01/append.py)")
-    for k in katas:
-        try:
-            checks.for_kata(k.id)
-        except ModuleNotFoundError:
-            raise UsageError(f"kata {k.id} has no checks yet, so it cannot be graded") from None
-    missing = [k.id for k in katas if not (manifest.REPO_ROOT / k.solution).is_file()]
-    if missing:
-        raise UsageError(f"kata(s) {', '.join(missing)}: no reference solution in {manifest.REPO_ROOT / 'solutions'}, "
-                         "so they cannot be graded here")
-    return [cohort.Job(name, root, k, cohort.find_file(root, k)) for root, name in zip(roots, _names(roots)) for k in katas]
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    state.write_atomic(path, buffer.getvalue().encode("utf-8"))
-
-
-def write_json(rows: list[dict], path: Path, settings: cohort.Settings) -> None:
-    data = {"settings": vars(settings), "rows": rows}
-    state.write_atomic(path, json.dumps(data, indent=2).encode("utf-8"))
-
-
-def write_junit(rows: list[dict], path: Path) -> None:
-    """JUnit XML: a test suite per submission, a test case per kata × check."""
-    suites = ET.Element("testsuites", name="kvkata")
-    for submission in dict.fromkeys(r["submission"] for r in rows):
-        mine = [r for r in rows if r["submission"] == submission]
-        cases = [(r, c) for r in mine for c in r["checks"]]
-        failures = sum(c["status"] != "pass" for _, c in cases)
-        suite = ET.SubElement(suites, "testsuite", name=submission, tests=str(len(cases)), failures=str(failures),
-                              time=f"{sum(r['seconds'] for r in mine):.2f}")
-        for r, c in cases:
-            case = ET.SubElement(suite, "testcase", classname=f"{submission}.kata{r['kata']}", name=c["title"])
-            if c["status"] != "pass":
-                kind = "skipped" if c["status"] == "not-implemented" else "failure"
-                node = ET.SubElement(case, kind, message=f"{c['status']}: {c['message'].splitlines()[0] if c['message'] else ''}")
-                node.text = c["message"]
-    state.write_atomic(path, ET.tostring(suites, encoding="utf-8", xml_declaration=True))
-
-
-def grade(paths: list[str], settings: cohort.Settings, level: int | None = None, only: bool = False,
-          csv_path: str | None = None, json_path: str | None = None, junit_path: str | None = None,
-          progress=None) -> str:
-    """Grade every submission × kata and write the reports; the cohort summary, to print."""
-    jobs = jobs_for(paths, level, only)
-    if progress:
-        progress(f"grading {len(jobs)} submission × kata pair(s), {settings.jobs} at a time, "
-                 f"{settings.timeout:g} s each at most")
-    rows = cohort.grade_all(jobs, settings, progress)
-    for path, write in ((csv_path, write_csv), (junit_path, write_junit)):
-        if path:
-            write(rows, Path(path))
-    if json_path:
-        write_json(rows, Path(json_path), settings)
-    return cohort.summary(rows)

@@ -53,7 +53,7 @@ RUN_AUTOGRADER = """\
 root="${KVKATA_AUTOGRADER_ROOT:-/autograder}"
 python="$root/venv/bin/python"
 [ -x "$python" ] || python=python3
-cd "$root/source" && PYTHONPATH="$root/source${PYTHONPATH:+:$PYTHONPATH}" "$python" -m grader.autograder run
+cd "$root/source" && PYTHONPATH="$root/source${PYTHONPATH:+:$PYTHONPATH}" "$python" -m grader.classroom.autograder run
 if [ ! -s "$root/results/results.json" ]; then
   mkdir -p "$root/results"
   printf '%s\\n' '{"score": 0, "output": "The autograder itself could not run, so nothing was graded (not your fault): please tell your instructor.", "tests": []}' > "$root/results/results.json"
@@ -65,13 +65,13 @@ fi
 def build(level: int, out: str, only: bool = False, visibility: str = "visible", stdout_visibility: str = "hidden",
           timeout: float = 60.0, memory_mb: int = 4096) -> str:
     """Write the autograder zip; what was written, to print."""
-    from grader import classroom
+    from grader.classroom import handouts
     from grader.errors import UsageError
 
     for name, value in (("--visibility", visibility), ("--stdout-visibility", stdout_visibility)):
         if value not in VISIBILITY:
             raise UsageError(f"{name} {value}: expected one of {', '.join(VISIBILITY)}")
-    katas = classroom.katas_for(level, only)
+    katas = handouts.katas_for(level, only)
     dest = Path(out).resolve()
     settings = {"level": level, "only": only, "katas": [k.id for k in katas], "visibility": visibility,
                 "stdout_visibility": stdout_visibility, "timeout": timeout, "memory_mb": memory_mb}
@@ -95,7 +95,7 @@ def build(level: int, out: str, only: bool = False, visibility: str = "visible",
 
 def _copy_project(dest: Path, katas: list[manifest.Kata]) -> None:
     """The package with only these katas' checks, references and mistakes, and what installs it."""
-    from grader import classroom
+    from grader.classroom import handouts
 
     ids = {k.id for k in katas}
 
@@ -106,7 +106,7 @@ def _copy_project(dest: Path, katas: list[manifest.Kata]) -> None:
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest / "grader", ignore=ignore)
-    (dest / "grader" / "manifest.toml").write_text(classroom.manifest_text(ids), encoding="utf-8")
+    (dest / "grader" / "manifest.toml").write_text(handouts.manifest_text(ids), encoding="utf-8")
     for k in katas:
         for relative in (k.solution, k.stub, k.readme):
             (dest / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def results_json(rows: list[dict], settings: dict, seconds: float, notes: list[s
 
 
 def grade_submission(root: Path) -> dict:
-    from grader import cohort
+    from grader.classroom import cohort
 
     started = time.monotonic()
     settings = json.loads((root / "source" / SETTINGS_FILE).read_text(encoding="utf-8"))
@@ -207,7 +207,7 @@ def run(root: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] != ["run"]:
-        print("usage: python -m grader.autograder run   (inside a Gradescope autograder; "
+        print("usage: python -m grader.classroom.autograder run   (inside a Gradescope autograder; "
               "build one with `kvkata autograder`)", file=sys.stderr)
         return 2
     return run(Path(os.environ.get("KVKATA_AUTOGRADER_ROOT", "/autograder")))

@@ -1,7 +1,7 @@
 """How fast ``kvkata grade`` gets through a cohort: workers forked from the warm server against a
 fresh interpreter per worker, side by side in one run, next to one ``import torch``.
 
-    python -m grader.bench_cohort [--pairs 48] [--jobs 2] [--level 1]
+    python -m grader.classroom.bench_cohort [--pairs 48] [--jobs 2] [--level 1]
 
 Generates a cohort in a temporary folder: submissions of the level's katas that are the
 reference, the untouched stub, or one of the known mistakes in turn (so the pairs do the work a
@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader import classroom, cohort, manifest, mistakes
+from grader import manifest, mistakes
+from grader.classroom import cohort, grading, handouts
 
 
 def make_cohort(folder: Path, katas: list[manifest.Kata], pairs: int) -> list[str]:
@@ -38,7 +39,7 @@ def make_cohort(folder: Path, katas: list[manifest.Kata], pairs: int) -> list[st
 
 
 def timed(subs: list[str], warm: bool, jobs: int) -> tuple[float, list[dict]]:
-    jobs_list = classroom.jobs_for(subs, None, False)
+    jobs_list = grading.jobs_for(subs, None, False)
     settings = cohort.Settings(jobs=jobs, warm=warm)
     started = time.perf_counter()
     rows = cohort.grade_all(jobs_list, settings)
@@ -52,12 +53,12 @@ def import_torch_seconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader.bench_cohort", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m grader.classroom.bench_cohort", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=48)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--level", type=int, default=1)
     args = parser.parse_args(argv)
-    katas = classroom.katas_for(args.level, only=True)
+    katas = handouts.katas_for(args.level, only=True)
     with tempfile.TemporaryDirectory(prefix="kvkata-bench-cohort-") as tmp:
         subs = make_cohort(Path(tmp), katas, args.pairs)
         pairs = len(subs) * len(katas)

@@ -1,5 +1,5 @@
 """Replay: judge a learner's run from its record, in a process that never runs the learner's code.
-The design is described in grader.record; this is the grader's half.
+The design is described in grader.classroom.record; this is the grader's half.
 
 The same checks with the same seed draw the same examples (grader.engine.same_draws);
 ``differential`` compares the recorded value with the reference computed here (tier 1); a name
@@ -17,9 +17,9 @@ import torch
 
 from grader import report
 from grader.engine import UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet, Unrecorded
-from grader.plain import Replayed, is_data, opaque, rebuild_exception
+from grader.classroom.plain import Replayed, is_data, opaque, rebuild_exception
 from grader.engine import same_draws
-from grader.record import example_key, is_function
+from grader.classroom.record import example_key, is_function
 from grader.targets import Target
 
 NO_RECORD = ("the process that ran your code kept no record of this input, so the result cannot be trusted "

@@ -1,0 +1,316 @@
+"""Hidden checks of kata 11 — beam search over a shared prefix.
+
+The learner's ``beam_search`` drives kata 08's tiny float64 Llama (or a stand-in whose logits
+depend on the last token only) over a watched ``grader.paged.PagedKVCache``. The answer comes from
+a brute-force beam search from plain uncached forwards (``beam_oracle``), following the SPEC's rules
+(rank by summed log-probability, walk the top 2k, EOS candidates finish, the stopping rule).
+Where two candidates at a decision are closer than float32 log-probabilities can tell apart, both
+answers are accepted. The watched cache notes blocks in use and live sequences; the recording
+model notes every forward (shape, positions), so the checks see how the answer was reached.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+from hypothesis import strategies as st
+
+from grader.checks.beam_oracle import TIE, Probed, brute_force, cache_for, close, score_of, stand_in
+from grader.checks.common import SEEDS, value_error_names
+from grader.checks.k08 import TINY, _tiny_model
+from grader.engine import Checks
+
+CHECKS = Checks("11")
+
+LENGTH_PENALTIES = [1.0, 0.0, 2.0, 0.5, -0.5]
+
+
+# -- reading and judging the learner's result ---------------------------------------------------
+def _kind(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _hypotheses(c, got, ex) -> list[tuple[list[int], float]]:
+    """The learner's result as [(tokens, score)], or a clear failure about its form."""
+    if not isinstance(got, (list, tuple)):
+        c.fail(f"beam_search should return a list of (new tokens, score) pairs; got {_kind(got)}",
+               ex, ("returned", _kind(got)))
+    out = []
+    for i, item in enumerate(got):
+        ok = isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], (list, tuple))
+        ok = ok and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in item[0])
+        ok = ok and isinstance(item[1], numbers.Real) and not isinstance(item[1], bool)
+        if not ok:
+            c.fail(f"item {i} of the result should be a pair (list of int token ids, float score); got "
+                   f"{item!r:.200} (call .tolist() and float() on tensors)", ex, ("item type", i, _kind(item)))
+        out.append(([int(t) for t in item[0]], float(item[1])))
+    return out
+
+
+def _show(hyps) -> str:
+    return "[" + ", ".join(f"({tokens}, {score:.6f})" for tokens, score in hyps) + "]"
+
+
+def _observed(hyps):
+    return [(tokens, float(f"{score:.5g}")) for tokens, score in hyps]
+
+
+def _difference(hyps, want, exact: bool, tol: float) -> str | None:
+    """Why ``hyps`` is not ``want`` (equal scores within ``tol``: either order unless ``exact``), or None."""
+    if len(hyps) != len(want):
+        return f"{len(hyps)} hypotheses, expected {len(want)}"
+    i = 0
+    while i < len(want):
+        j = i + 1  # [i, j): a group of equal scores
+        while not exact and j < len(want) and close(want[j][1], want[i][1], tol):
+            j += 1
+        mine, theirs = [t for t, _ in hyps[i:j]], [t for t, _ in want[i:j]]
+        if (mine != theirs) if exact else (sorted(mine) != sorted(theirs)):
+            return f"hypothesis {i}: {hyps[i][0]}, expected {want[i][0]}"
+        for tokens, score in hyps[i:j]:
+            expected = next(s for t, s in want[i:j] if t == tokens)
+            if not close(score, expected, tol):
+                return f"hypothesis {tokens}: score {score:.8f}, expected {expected:.8f}"
+        i = j
+    return None
+
+
+def _judge(c, model, prompt, ex, got, expected: dict, *, exact=False, tol=TIE) -> None:
+    """The learner's hypotheses against the brute force: the same hypotheses in the same order
+    (equal scores: either order unless ``exact``), scores to 1e-6 relative."""
+    hyps, want = _hypotheses(c, got, ex), expected["result"]
+    shown, eos, lp = {**ex, "prompt": prompt}, ex.get("eos_token_id"), ex.get("length_penalty", 1.0)
+    for tokens, _ in hyps:
+        if eos is not None and eos in tokens[:-1]:
+            c.fail(f"hypothesis {tokens} goes on after the EOS {eos}; a candidate ending in EOS is finished and "
+                   f"never extended\n  got {_show(hyps)}", shown, _observed(hyps))
+    if expected["ambiguous"]:  # a decision too close to call: only each hypothesis's own score is checked
+        for tokens, score in hyps:
+            if tokens and not close(score, score_of(model, prompt, tokens, lp), tol):
+                c.fail(f"hypothesis {tokens} has score {score:.6f}; its tokens score "
+                       f"{score_of(model, prompt, tokens, lp):.6f}", shown, _observed(hyps))
+        return
+    problem = _difference(hyps, want, exact, tol)
+    if problem:
+        c.fail(f"{problem}\n  expected {_show(want)}\n  got      {_show(hyps)}", shown, _observed(hyps))
+
+
+# -- inputs -------------------------------------------------------------------------------------
+def _prompt(ex: dict) -> list[int]:
+    g = torch.Generator().manual_seed(ex["seed"] + 1)
+    return torch.randint(0, TINY["vocab_size"], (ex["prompt_len"],), generator=g).tolist()
+
+
+@st.composite
+def searches(draw, max_beams=4, max_new=12, max_prompt=20):
+    return {"prompt_len": draw(st.integers(1, max_prompt)), "num_beams": draw(st.integers(1, max_beams)),
+            "max_new_tokens": draw(st.integers(1, max_new)), "length_penalty": draw(st.sampled_from(LENGTH_PENALTIES)),
+            "block_size": draw(st.sampled_from([1, 2, 4, 16])), "seed": draw(SEEDS)}
+
+
+def _eos_for(model, prompt, ex) -> int:
+    """An EOS the search really meets: a token of the top hypotheses found without EOS, mid-way if possible."""
+    plain = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"])
+    for tokens, _ in plain["result"]:
+        if len(tokens) > 2:
+            return tokens[len(tokens) // 2]
+    return plain["result"][0][0][0]
+
+
+def _search(c, model, prompt, ex, cache, eos=None):
+    return c.t.beam_search(model, prompt, ex["num_beams"], ex["max_new_tokens"], cache=cache, eos_token_id=eos,
+                           length_penalty=ex["length_penalty"])
+
+
+# -- checks ---------------------------------------------------------------------------------------
+@CHECKS.add("without EOS: the hypotheses and scores of a brute-force beam search", uses="beam_search")
+def matches_brute_force_without_eos(ctx):
+    def body(c, ex):
+        model, prompt = _tiny_model(ex["seed"], c.device), _prompt(ex)
+        got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False))
+        want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"])
+        _judge(c, model, prompt, ex, got, want)
+
+    ctx.case({"prompt_len": 7, "num_beams": 3, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 4,
+              "seed": 3}, body)
+    ctx.case({"prompt_len": 3, "num_beams": 4, "max_new_tokens": 20, "length_penalty": 0.5, "block_size": 16,
+              "seed": 8}, body)  # the longest search the SPEC's 1e-6 tolerance is sized for
+    ctx.forall(searches(), body, max_examples=10)
+
+
+@CHECKS.add("with EOS: finished hypotheses, the 2k walk, the stopping rule and the order of the result",
+            uses="beam_search")
+def matches_brute_force_with_eos(ctx):
+    def body(c, ex):
+        model, prompt = _tiny_model(ex["seed"], c.device), _prompt(ex)
+        eos = _eos_for(model, prompt, ex)
+        got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False), eos)
+        want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], eos, ex["length_penalty"])
+        _judge(c, model, prompt, {**ex, "eos_token_id": eos}, got, want)
+
+    ctx.case({"prompt_len": 5, "num_beams": 4, "max_new_tokens": 10, "length_penalty": 1.0, "block_size": 4,
+              "seed": 11}, body)
+    ctx.case({"prompt_len": 11, "num_beams": 3, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 4,
+              "seed": 96}, body)  # an EOS candidate ranks within the top num_beams while live beams remain
+    ctx.forall(searches(max_new=14).filter(lambda e: e["max_new_tokens"] >= 3), body, max_examples=10)
+
+
+@st.composite
+def small_vocab(draw):
+    return {"vocab": draw(st.integers(3, 7)), "prompt": draw(st.lists(st.integers(0, 2), min_size=1, max_size=4)),
+            "num_beams": draw(st.integers(1, 4)), "max_new_tokens": draw(st.integers(1, 8)),
+            "eos_token_id": draw(st.sampled_from([None, 0, 1])), "length_penalty": draw(st.sampled_from(LENGTH_PENALTIES)),
+            "spread": draw(st.sampled_from([1.0, 3.0])), "seed": draw(SEEDS)}
+
+
+UNIFORM_CASES = [  # every candidate ties: the SPEC's order decides (lower beam, then lower token)
+    {"vocab": 6, "uniform": True, "prompt": [1, 2], "num_beams": 3, "max_new_tokens": 3, "eos_token_id": None,
+     "length_penalty": 1.0},
+    {"vocab": 4, "uniform": True, "prompt": [3], "num_beams": 2, "max_new_tokens": 3, "eos_token_id": 0,
+     "length_penalty": 0.0},
+    {"vocab": 3, "uniform": True, "prompt": [2], "num_beams": 4, "max_new_tokens": 1, "eos_token_id": None,
+     "length_penalty": 1.0},  # only 3 candidates exist: 3 hypotheses come back
+    {"vocab": 5, "uniform": True, "prompt": [0, 4], "num_beams": 2, "max_new_tokens": 2, "eos_token_id": 1,
+     "length_penalty": 1.0},  # two finished hypotheses tie with the live beams: they come first, in finishing order
+]
+PINNED_CASES = [  # an EOS candidate ranks within the top num_beams: the walk must go on to find live beams
+    {"vocab": 4, "prompt": [2], "num_beams": 3, "max_new_tokens": 4, "eos_token_id": 0, "length_penalty": 1.0,
+     "spread": 3.0, "seed": 620},
+]
+
+
+@CHECKS.add("a model whose logits depend on the last token: ties, EOS everywhere, few candidates", uses="beam_search")
+def small_vocabulary_and_ties(ctx):
+    def body(c, ex):
+        model, prompt = stand_in(ex, c.device), ex["prompt"]
+        cache = cache_for(model, block_size=2, watched=False)
+        got = _search(c, model, prompt, ex, cache, ex["eos_token_id"])
+        want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], ex["eos_token_id"],
+                           ex["length_penalty"], exact_ties=True)
+        _judge(c, model, prompt, ex, got, want, exact=bool(ex.get("uniform")))
+
+    for case in UNIFORM_CASES + PINNED_CASES:
+        ctx.case(case, body)
+    ctx.forall(small_vocab(), body, max_examples=25)
+
+
+@CHECKS.add("the prompt is prefilled once (batch 1); each decode step is one batch of the live beams' last tokens",
+            uses="beam_search")
+def prefill_once_then_batched_steps(ctx):
+    def body(c, ex):
+        model, prompt = _tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
+        eos = _eos_for(model, prompt, ex) if ex["eos"] else None
+        model.calls.clear()
+        _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"]), eos)
+        want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], eos, ex["length_penalty"])
+        shown, P, calls = {**ex, "eos_token_id": eos, "prompt": prompt}, len(prompt), model.calls
+        first = calls[0]["ids"] if calls else None
+        if first is None or tuple(first.shape) != (1, P) or first[0].tolist() != prompt:
+            c.fail(f"the first forward should prefill the prompt once, input_ids (1, {P}) = [{prompt}]; it was "
+                   f"{'missing' if first is None else first.tolist()}", shown,
+                   ("prefill", None if first is None else tuple(first.shape)))
+        for s, call in enumerate(calls[1:], start=1):
+            ids, pos = call["ids"], call["positions"]
+            if ids.shape[1] != 1 or not 1 <= ids.shape[0] <= ex["num_beams"]:
+                c.fail(f"forward {s + 1} sent input_ids of shape {tuple(ids.shape)}; after the prefill every forward "
+                       f"is a decode step: one row per live beam (at most num_beams = {ex['num_beams']}), one new "
+                       "token each, everything older read from the cache", shown, ("decode shape", s, tuple(ids.shape)))
+            if pos is None or pos.flatten().tolist() != [P + s - 1] * ids.shape[0]:
+                c.fail(f"decode step {s}: position ids {None if pos is None else pos.flatten().tolist()}, expected "
+                       f"{P + s - 1} for every row (the beams hold {P} prompt + {s - 1} new tokens before it)",
+                       shown, ("positions", s))
+            if not want["ambiguous"] and s <= len(want["steps"]):
+                rows = sorted(t[-1] for t in want["steps"][s - 1])
+                if sorted(ids.flatten().tolist()) != rows:
+                    c.fail(f"decode step {s} fed the tokens {sorted(ids.flatten().tolist())}; the live beams after step "
+                           f"{s} end in {rows} (a finished hypothesis is not a live beam)", shown,
+                           ("decode rows", s, sorted(ids.flatten().tolist())))
+        if len(calls) - 1 > ex["max_new_tokens"] - 1:
+            c.fail(f"{len(calls) - 1} decode forwards for max_new_tokens = {ex['max_new_tokens']}; the prefill's "
+                   f"logits give the first new token, so at most {ex['max_new_tokens'] - 1} decode forwards are needed",
+                   shown, ("decode count", len(calls) - 1))
+
+    ctx.case({"prompt_len": 9, "num_beams": 3, "max_new_tokens": 5, "length_penalty": 1.0, "block_size": 4,
+              "eos": False, "seed": 5}, body)
+    ctx.forall(searches(max_new=8).map(lambda e: {**e, "eos": e["seed"] % 2 == 0}), body, max_examples=6)
+
+
+def _bound(P: int, b: int, k: int, longest: int) -> int:
+    """Blocks a shared-prefix search may hold: the prompt's blocks once, and per beam its partly
+    filled prompt block (copied) and the blocks of its own tokens, up to the longest sequence."""
+    return -(-P // b) + k * (-(-max(longest, P) // b) - P // b)
+
+
+@CHECKS.add("beams share the prompt's blocks, dropped beams are freed before the next step, all freed at the end",
+            uses="beam_search")
+def blocks_shared_and_freed(ctx):
+    def body(c, ex):
+        model, prompt = _tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
+        eos = _eos_for(model, prompt, ex) if ex["eos"] else None
+        model.calls.clear()
+        cache = cache_for(model, num_blocks=512, block_size=ex["block_size"])
+        _search(c, model, prompt, ex, cache, eos)
+        P, b, k, shown = len(prompt), ex["block_size"], ex["num_beams"], {**ex, "eos_token_id": eos, "prompt": prompt}
+        for s, call in enumerate(model.calls[1:], start=1):
+            rows, alive = call["ids"].shape[0], call["alive"]
+            if alive is not None and alive > rows + 1:
+                c.fail(f"decode step {s} ran {rows} beam(s) while the cache held {alive} sequences; only the live "
+                       "beams (and the prompt's own sequence) may be there: free a dropped beam before the next step",
+                       shown, ("alive", s, alive - rows))
+        for i, (what, used, longest) in enumerate(cache.events):
+            limit = _bound(P, b, k, longest)
+            if used > limit:
+                c.fail(f"after {what} (call {i + 1} on the cache) {used} blocks were in use; sharing the prompt "
+                       f"allows at most {limit}: the prompt's {-(-P // b)} block(s) once, and per beam its partly "
+                       f"filled prompt block and its own tokens' blocks (block size {b}, sequences up to {longest} "
+                       "tokens)", shown, ("blocks", i, used - limit))
+        if cache.in_use or cache.alive:
+            c.fail(f"after beam_search returned, {cache.in_use} block(s) were still in use and {len(cache.alive)} "
+                   "sequence(s) were still in the cache; free every sequence before returning", shown,
+                   ("left", cache.in_use, len(cache.alive)))
+
+    ctx.case({"prompt_len": 10, "num_beams": 4, "max_new_tokens": 9, "length_penalty": 1.0, "block_size": 4,
+              "eos": False, "seed": 2}, body)
+    ctx.forall(searches(max_new=10).map(lambda e: {**e, "eos": e["seed"] % 3 == 0}), body, max_examples=8)
+
+
+@CHECKS.add("a float32 model with a float32 cache (scores are Python floats)", uses="beam_search")
+def works_in_float32(ctx):
+    def body(c, ex):
+        model, prompt = _tiny_model(ex["seed"], c.device).float(), _prompt(ex)
+        got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False))
+        want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"], tie=1e-4)
+        _judge(c, model, prompt, {**ex, "dtype": torch.float32}, got, want, tol=1e-4)
+
+    ctx.case({"prompt_len": 6, "num_beams": 2, "max_new_tokens": 5, "length_penalty": 1.0, "block_size": 4,
+              "seed": 13}, body)
+
+
+@CHECKS.add("bad input raises ValueError naming the argument", uses="beam_search")
+def rejects_bad_input(ctx):
+    def body(c, ex):
+        model = _tiny_model(ex["seed"], c.device)
+        busy = cache_for(model, watched=False)
+        busy.add_sequence("someone else")
+        busy.reserve("someone else", 3)
+        cases = [
+            ("num_beams = 0", ([1, 2], 0, 3), {}, "num_beams"),
+            ("max_new_tokens = 0", ([1, 2], 2, 0), {}, "max_new_tokens"),
+            ("an empty prompt", ([], 2, 3), {}, "prompt"),
+            ("a cache with blocks in use", ([1, 2], 2, 3), {"cache": busy}, "cache"),
+            ("a float32 cache for a float64 model", ([1, 2], 2, 3),
+             {"cache": cache_for(model, dtype=torch.float32, watched=False)}, "cache"),
+        ]
+        for what, args, kwargs, name in cases:
+            kwargs = {"cache": cache_for(model, watched=False), **kwargs}
+            exc = c.raises(ValueError, c.t.beam_search, model, *args, what=f"beam_search with {what}", example=ex,
+                           **kwargs)
+            if not value_error_names(exc, (name,)):
+                c.fail(f"beam_search with {what} raised ValueError({str(exc)!r}); the message should name `{name}`",
+                       ex, ("unnamed", name))
+
+    ctx.case({"seed": 0}, body)

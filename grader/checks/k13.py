@@ -1,0 +1,317 @@
+"""Hidden checks of kata 13 — continuous batching with preemption.
+
+The scheduler replays drawn programs of arrivals, ``schedule()`` calls and finishes (see
+``scheduler_programs``), judged step by step against a plain-Python model of the policy and, on
+their own, by the policy's invariants. ``serve`` drives the tiny float64 Llama of kata 08's
+checks; every request's tokens are compared with the request generated alone by uncached
+forwards (ties within 1e-9 accept either token), and a recording model counts the forwards.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from hypothesis import strategies as st
+
+from grader.checks.common import SEEDS, value_error_names
+from grader.checks.k08 import TINY, _greedy_alone, _Recording, _SpyCache, _tiny_model
+from grader.checks.scheduler_programs import PINNED, Replay, Request, State, programs
+from grader.engine import Checks
+from grader.nn import Llama
+
+CHECKS = Checks("13")
+TIE = 1e-9  # top two logits closer than this: either token is a correct greedy choice
+LIMITS = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens")
+
+
+# -- the scheduler ----------------------------------------------------------------------------------
+def _replay(judge):
+    def body(c, ex):
+        Replay(c, ex, judge).run()
+    return body
+
+
+
+
+@CHECKS.add("Scheduler decisions equal the policy's, step by step, through random programs", uses="Scheduler.schedule")
+def matches_the_policy(ctx):
+    ctx.forall(programs(), _replay("reference"), max_examples=50)
+    ctx.forall(programs(blocks=(2, 4), max_ops=30), _replay("reference"), max_examples=30)
+    ctx.forall(programs(blocks=(16, 40), max_ops=30), _replay("reference"), max_examples=30)  # the budget binds
+
+
+@CHECKS.add("the policy's invariants hold on the scheduler's own decisions (blocks, limits, FCFS, victims)",
+            uses="Scheduler.schedule")
+def keeps_the_invariants(ctx):
+    ctx.forall(programs(blocks=(2, 6), max_ops=30), _replay("invariants"), max_examples=40)
+    ctx.forall(programs(blocks=(16, 40), max_ops=30), _replay("invariants"), max_examples=30)
+
+
+@CHECKS.add("worked cases: a short request waits behind a long one; the newest is preempted and goes first again",
+            uses="Scheduler.schedule")
+def worked_cases(ctx):
+    for program in PINNED:
+        ctx.case(program, _replay("reference"))
+
+
+def _scheduler_cases(c, ex):
+    S = c.t.Scheduler
+    cases = [
+        ("Scheduler(4, 2, 3, 2): max_num_batched_tokens below max_num_seqs", S, (4, 2, 3, 2),
+         ("max_num_batched_tokens",)),
+        ("Scheduler(0, 2, 1, 8)", S, (0, 2, 1, 8), ("num_blocks",)),
+        ("Scheduler(4, 0, 1, 8)", S, (4, 0, 1, 8), ("block_size",)),
+        ("Scheduler(4, 2, 0, 8)", S, (4, 2, 0, 8), ("max_num_seqs",)),
+    ]
+    sched = S(4, 2, 2, 6)
+    sched.add_request("a", 3, 2)
+    cases += [
+        ("add_request('a', 2, 2) when 'a' is already there", sched.add_request, ("a", 2, 2), ("req_id",)),
+        ("add_request('b', 2, 0)", sched.add_request, ("b", 2, 0), ("max_new_tokens",)),
+        ("add_request('b', 0, 2)", sched.add_request, ("b", 0, 2), ("prompt_len",)),
+        ("add_request('b', 5, 3): 7 tokens exceed max_num_batched_tokens = 6", sched.add_request, ("b", 5, 3),
+         ("prompt_len", "max_new_tokens")),
+        ("finish('z') of a request never added", sched.finish, ("z",), ("req_id",)),
+    ]
+    wide = S(3, 2, 2, 20)
+    cases.append(("add_request('c', 6, 2) on Scheduler(3, 2, 2, 20): 7 tokens need 4 blocks of 3",
+                  wide.add_request, ("c", 6, 2), ("prompt_len", "max_new_tokens")))
+    return cases, sched
+
+
+@CHECKS.add("bad input raises ValueError naming the argument; a refused call changes nothing",
+            uses="Scheduler.__init__")
+def scheduler_rejects_bad_input(ctx):
+    def body(c, ex):
+        cases, sched = _scheduler_cases(c, ex)
+        for what, fn, args, names in cases:
+            exc = c.raises(ValueError, fn, *args, what=what, example=ex)
+            if not value_error_names(exc, names):
+                c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {' or '.join(names)}",
+                       ex, ("unnamed", what))
+        steps = []
+        for _ in range(3):
+            step = sched.schedule()
+            steps.append((list(step.prefill), list(step.decode), list(step.preempted)))
+        if steps != [(["a"], [], []), ([], ["a"], []), ([], ["a"], [])]:
+            c.fail(f"after the refused calls, a scheduler holding only request 'a' (3 + 2 tokens) scheduled "
+                   f"{steps}; expected a prefill of 'a', then its decodes", ex, ("refused call changed", str(steps)))
+        sched.finish("a")
+        c.raises(ValueError, sched.finish, "a", what="finish('a') a second time", example=ex)
+
+    ctx.case({"case": "bad arguments"}, body)
+
+
+# -- serve ----------------------------------------------------------------------------------------
+@st.composite
+def workloads(draw, max_requests=6, few_blocks=None):
+    n = draw(st.integers(1, max_requests))
+    bs = draw(st.integers(1, 4))
+    lens = [(draw(st.integers(1, 12)), draw(st.integers(1, 6))) for _ in range(n)]
+    longest = max(p + m - 1 for p, m in lens)
+    need = math.ceil(longest / bs)
+    few = draw(st.booleans()) if few_blocks is None else few_blocks
+    blocks = draw(st.integers(need, need + 2)) if few else draw(st.integers(need * n, need * n + 4))
+    seqs = draw(st.integers(1, 4))
+    return {"requests": [(i, p, m, draw(st.integers(0, 6))) for i, (p, m) in enumerate(lens)],
+            "num_blocks": blocks, "block_size": bs, "max_num_seqs": seqs,
+            "max_num_batched_tokens": draw(st.integers(max(seqs, longest), longest + 12)), "seed": draw(SEEDS)}
+
+
+def _requests(ex) -> list[tuple]:
+    g = torch.Generator().manual_seed(ex["seed"] + 1)
+    return [(r, torch.randint(0, TINY["vocab_size"], (p,), generator=g).tolist(), m, a)
+            for r, p, m, a in ex["requests"]]
+
+
+def _serve(c, ex, model, requests, eos=None):
+    got = c.t.serve(model, requests, **{k: ex[k] for k in LIMITS}, eos_token_id=eos)
+    ids = [r for r, *_ in requests]
+    if not isinstance(got, dict) or sorted(got, key=str) != sorted(ids, key=str):
+        c.fail(f"serve should return a dict with one entry per request id {ids}; got "
+               f"{type(got).__name__}{' with keys ' + str(list(got)) if isinstance(got, dict) else ''}", ex,
+               ("returned", type(got).__name__))
+    for r, row in got.items():
+        if not isinstance(row, list) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                for t in row):
+            c.fail(f"the tokens of request {r!r} should be a list of int ids; got {type(row).__name__}", ex,
+                   ("row type", r))
+    return {r: [int(t) for t in got[r]] for r in ids}
+
+
+@torch.no_grad()
+def _verify(c, ex, model, requests, got, eos=None):
+    """Each request's tokens against the request alone, by uncached forwards (tie-aware), and its length."""
+    shown = {**ex, **({"eos_token_id": eos} if eos is not None else {})}
+    for r, prompt, n, _ in requests:
+        row = got[r]
+        if row:
+            seq = torch.tensor([prompt + row[:-1]], device=model.device)
+            logits = Llama.forward(model, seq)[0, len(prompt) - 1:]  # (len(row), V): alone, no cache
+            for i, token in enumerate(row):
+                best = int(logits[i].argmax())
+                if not 0 <= token < logits.shape[-1] or logits[i, token] < logits[i, best] - TIE:
+                    c.fail(f"request {r} (prompt of {len(prompt)} tokens), new token {i}: you produced {token}, but "
+                           f"the model on that request alone gives {best}\n  all your tokens: {got}", shown, got)
+                if token == eos and i < len(row) - 1:
+                    c.fail(f"request {r}: new token {i} is the EOS {eos}, but it goes on with {row[i + 1:]}\n"
+                           f"  all your tokens: {got}", shown, got)
+        if len(row) > n or (len(row) < n and (eos is None or eos not in row)):
+            c.fail(f"request {r}: {len(row)} new tokens, expected {n} (max_new_tokens"
+                   f"{', as it produced no EOS' if len(row) < n else ''})\n  all your tokens: {got}", shown, got)
+
+
+def _check_serve(c, ex, eos_from=None):
+    model, requests = _tiny_model(ex["seed"], c.device), _requests(ex)
+    eos = None
+    if eos_from is not None:  # a token request 0 really produces, at its second step
+        alone = _greedy_alone(model, requests[0][1], 2)
+        eos = alone[-1]
+    got = _serve(c, ex, model, requests, eos)
+    _verify(c, ex, model, requests, got, eos)
+    return model, requests, got
+
+
+@CHECKS.add("serve gives every request the tokens it gets alone, with plenty of blocks and staggered arrivals",
+            uses="serve")
+def serve_matches_each_request_alone(ctx):
+    ctx.forall(workloads(few_blocks=False), lambda c, ex: _check_serve(c, ex), max_examples=12)
+
+
+@CHECKS.add("serve under memory pressure: preempted requests are recomputed and still get their own tokens",
+            uses="serve")
+def serve_with_preemption(ctx):
+    pinned = {"requests": [(0, 5, 6, 0), (1, 6, 6, 0), (2, 3, 4, 1)], "num_blocks": 6, "block_size": 2,
+              "max_num_seqs": 3, "max_num_batched_tokens": 16, "seed": 11}  # 6 blocks of 2: 1 and 2 are preempted
+    ctx.case(pinned, lambda c, ex: _check_serve(c, ex))
+    ctx.forall(workloads(few_blocks=True), lambda c, ex: _check_serve(c, ex), max_examples=15)
+
+
+@CHECKS.add("serve stops a request after its EOS (included); the others go on", uses="serve")
+def serve_stops_at_eos(ctx):
+    ctx.forall(workloads(), lambda c, ex: _check_serve(c, ex, eos_from=0), max_examples=10)
+
+
+def _expected_steps(ex) -> list[tuple]:
+    """The rows of each step that schedules something, by the policy, when no request stops early."""
+    state = State(*[ex[k] for k in LIMITS])
+    arrivals = sorted((r for r in ex["requests"] if r[2] > 0), key=lambda r: r[3])
+    steps, step_no = [], 0
+    while arrivals or state.requests:
+        if not state.requests:
+            step_no = max(step_no, arrivals[0][3])
+        while arrivals and arrivals[0][3] <= step_no:
+            r, p, m, _ = arrivals.pop(0)
+            state.requests[r] = Request(p, m)
+            state.waiting.append(r)
+        prefill, decode, preempted = state.decide()
+        state.apply(prefill, decode, preempted)
+        if prefill or decode:
+            steps.append((prefill, decode))
+        for r in [r for r in state.running if state.requests[r].generated == state.requests[r].max_new_tokens]:
+            state.finish(r)
+        step_no += 1
+    return steps
+
+
+@CHECKS.add("one batched model forward per scheduled step, prefills and decodes together", uses="serve")
+def one_forward_per_step(ctx):
+    def body(c, ex):
+        model, requests, got = _check_serve(c, ex)
+        steps = _expected_steps(ex)
+        rows = [len(p) + len(d) for p, d in steps]
+        calls = [tuple(call["ids"].shape) for call in model.calls]
+        if len(calls) != len(steps) or [b for b, _ in calls] != rows:
+            c.fail(f"the scheduler's steps have {rows} rows (prefills + decodes) each, {len(steps)} step(s); your "
+                   f"serve called the model {len(calls)} time(s) with input_ids of shapes {calls}: expected one "
+                   "forward per step, one row per request of the step", ex, ("forwards", len(calls)))
+        for i, ((prefill, decode), (b, t)) in enumerate(zip(steps, calls)):
+            if not prefill and t != 1:
+                c.fail(f"step {i} only decodes ({len(decode)} requests) yet fed input_ids of shape {(b, t)}: a decode "
+                       "row feeds its last token only, the rest is in the cache", ex, ("decode width", i, t))
+            if model.calls[i]["cache"] is None:
+                c.fail(f"forward {i} ran without a cache", ex, ("no cache", i))
+
+    ctx.forall(workloads(max_requests=5), body, max_examples=10)
+
+
+@CHECKS.add("max_new_tokens = 0 gives [] without scheduling; a lone request; arrivals after an idle gap",
+            uses="serve")
+def serve_edge_cases(ctx):
+    def body(c, ex):
+        model, requests, got = _check_serve(c, ex)
+        if ex["requests"][0][2] == 0 and got[0] != []:
+            c.fail(f"request 0 asks for 0 new tokens and got {got[0]}", ex, ("zero", tuple(got[0])))
+
+    ctx.case({"requests": [(0, 4, 0, 0), (1, 3, 3, 0)], "num_blocks": 4, "block_size": 2, "max_num_seqs": 2,
+              "max_num_batched_tokens": 8, "seed": 3}, body)
+    ctx.case({"requests": [(0, 7, 5, 3)], "num_blocks": 3, "block_size": 4, "max_num_seqs": 1,
+              "max_num_batched_tokens": 11, "seed": 4}, body)
+    ctx.case({"requests": [(0, 2, 3, 0), (1, 3, 2, 40), (2, 2, 0, 41)], "num_blocks": 4, "block_size": 2,
+              "max_num_seqs": 2, "max_num_batched_tokens": 6, "seed": 5}, body)
+
+
+@CHECKS.add("serve rejects bad input with a ValueError naming the argument", uses="serve")
+def serve_rejects_bad_input(ctx):
+    def body(c, ex):
+        model = _tiny_model(1, c.device)
+        ok = {"num_blocks": 8, "block_size": 2, "max_num_seqs": 2, "max_num_batched_tokens": 8}
+        cases = [
+            ("two requests with the same id", [(0, [1, 2], 2, 0), (0, [3], 2, 0)], ok, ("requests", "req_id")),
+            ("max_new_tokens = -1", [(0, [1, 2], -1, 0)], ok, ("max_new_tokens", "requests")),
+            ("a request of 7 + 3 tokens with max_num_batched_tokens = 8", [(0, [1] * 7, 3, 0)], ok,
+             ("requests", "prompt_len", "max_new_tokens")),
+            ("max_num_batched_tokens = 1 below max_num_seqs = 2", [(0, [1], 1, 0)],
+             {**ok, "max_num_batched_tokens": 1}, ("max_num_batched_tokens",)),
+            ("num_blocks = 0", [(0, [1], 1, 0)], {**ok, "num_blocks": 0}, ("num_blocks",)),
+            ("block_size = 0", [(0, [1], 1, 0)], {**ok, "block_size": 0}, ("block_size",)),
+            ("max_num_seqs = 0", [(0, [1], 1, 0)], {**ok, "max_num_seqs": 0}, ("max_num_seqs",)),
+        ]
+        for what, requests, limits, names in cases:
+            exc = c.raises(ValueError, c.t.serve, model, requests, **limits, what=f"serve with {what}", example=ex)
+            if not value_error_names(exc, names):
+                c.fail(f"serve with {what} raised ValueError({str(exc)!r}); the message should name "
+                       f"{' or '.join(names)}", ex, ("unnamed", what))
+        if model.calls:
+            c.fail(f"serve called the model {len(model.calls)} time(s) before refusing bad input", ex, ("ran",))
+
+    ctx.case({"case": "bad arguments"}, body)
+
+
+class _Watched(_Recording):
+    """Notes the dtypes of the keys and values every cache update returns."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.seen: set = set()
+
+    def forward(self, input_ids, position_ids=None, cache=None, attention_mask=None, **kwargs):
+        watched = None if cache is None else _Noting(cache, self.seen)
+        return super().forward(input_ids, position_ids, watched, attention_mask, **kwargs)
+
+
+class _Noting(_SpyCache):
+    def __init__(self, cache, seen: set):
+        super().__init__(cache, [])
+        self._seen = seen
+
+    def update(self, layer, k, v):
+        K, V = self._cache.update(layer, k, v)
+        self._seen.add((K.dtype, V.dtype))
+        return K, V
+
+
+@CHECKS.add("the cache keeps the model's dtype (a float32 model gets float32 keys and values)", uses="serve")
+def serve_keeps_the_model_dtype(ctx):
+    def body(c, ex):
+        model = _tiny_model(ex["seed"], c.device, recording=_Watched).to(ex["dtype"])
+        _serve(c, ex, model, _requests(ex))
+        seen = model.seen
+        if seen != {(ex["dtype"], ex["dtype"])}:
+            c.fail(f"the model is {ex['dtype']}; your cache returned keys and values of dtypes {sorted(map(str, seen))}",
+                   ex, ("dtype", tuple(sorted(map(str, seen)))))
+
+    for dtype in (torch.float32, torch.float64):
+        ctx.case({"requests": [(0, 5, 3, 0), (1, 2, 4, 1)], "num_blocks": 4, "block_size": 2, "max_num_seqs": 2,
+                  "max_num_batched_tokens": 8, "dtype": dtype, "seed": 9}, body)

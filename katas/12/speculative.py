@@ -1,0 +1,53 @@
+"""Kata 12 — speculative decoding with cache rollback.
+
+Fill in the pieces below, then run ``pytest katas/12``. The README explains the idea.
+Shapes: batch 1, Hkv KV heads, T tokens fed, S tokens cached, D head width, V vocabulary.
+Both models are ``grader.nn.Llama`` or anything with its interface: ``model.config.vocab_size``,
+``model.device`` and ``model(input_ids, position_ids=, cache=) -> logits (1, T, V)``.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class RollbackKVCache:
+    """One growing (K, V) pair per layer that can be cut back to its first n tokens."""
+
+    def __init__(self):
+        raise NotImplementedError("kata 12: RollbackKVCache — see README, task 1")
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k``, ``v`` (B, Hkv, T, D) to ``layer``; return its whole (K, V), each (B, Hkv, S + T, D).
+
+        The model calls this once per layer and attends to what it returns. A layer index below 0,
+        a k or v that is not 4-D, or a shape that does not fit what the layer holds: ValueError.
+        """
+        raise NotImplementedError("kata 12: RollbackKVCache.update — see README, task 1")
+
+    def seq_len(self, layer: int = 0) -> int:
+        """Tokens cached in ``layer``; 0 for a layer not seen yet."""
+        raise NotImplementedError("kata 12: RollbackKVCache.seq_len — see README, task 1")
+
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` tokens of every layer; the rest are forgotten.
+
+        ``n`` outside 0 … seq_len(): ValueError, and nothing is dropped.
+        """
+        raise NotImplementedError("kata 12: RollbackKVCache.crop — see README, task 1")
+
+
+@torch.inference_mode()
+def speculative_generate(target, draft, prompt: list[int], max_new_tokens: int, k: int = 4, *,
+                         eos_token_id: int | None = None) -> tuple[list[int], dict]:
+    """Greedy speculative decoding, batch 1: the target's own greedy tokens, found faster.
+
+    Each round the draft proposes up to ``k`` tokens (one forward each, with its own cache); the
+    target scores the pending token and the proposals in ONE forward, keeps the agreeing prefix
+    and adds its own next token; both caches are cropped back to the accepted tokens. Stops after
+    ``eos_token_id`` (included) or ``max_new_tokens``. Returns (tokens, stats), tokens a list of
+    int, stats a dict with ``target_forwards``, ``draft_forwards`` (model calls), ``proposed``
+    (draft tokens sent to the target) and ``accepted`` (agreeing-prefix lengths, summed).
+    ValueError for k < 1, max_new_tokens < 0, an empty prompt, or a draft whose vocabulary
+    differs from the target's.
+    """
+    raise NotImplementedError("kata 12: speculative_generate — see README, tasks 2 and 3")
