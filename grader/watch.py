@@ -17,7 +17,6 @@ import os
 import select
 import signal
 import time
-from pathlib import Path
 
 from grader import changes, learner, manifest
 from grader.errors import UsageError

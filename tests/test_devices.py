@@ -16,7 +16,7 @@ from grader import checks, manifest, targets
 from grader.checks import devices
 from grader.engine import Ctx, run_check
 
-KATAS = ["01", "02", "03", "05", "06", "07", "08"]
+KATAS = ["01", "02", "03", "05", "06", "07", "08", "09", "11", "12", "13"]
 
 # Variants that a GPU would reject: (kata, what, edits, text the failure message must hold).
 WRONG = [
@@ -74,6 +74,14 @@ WRONG = [
     ("08", "token ids left on the CPU",
      [("ids, lengths = ids.to(device), lengths.to(device)", "lengths = lengths.to(device)")], "torch op `embedding`"),
     ("08", "the cache allocated on the CPU", [("model.dtype, device)", "model.dtype, None)")], "mixed a CPU tensor"),
+    ("09", "pack's shifts on the CPU", [("    shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * n_bits",
+                                         "    shifts = torch.arange(per, dtype=torch.int32) * n_bits")], "mixed a CPU tensor"),
+    ("11", "beam totals on the CPU", [("dtype=logp.dtype, device=logp.device)", "dtype=logp.dtype)")],
+     "mixed a CPU tensor"),
+    ("12", "positions on the CPU", [("positions = torch.arange(start, start + len(tokens), device=model.device)[None]",
+                                     "positions = torch.arange(start, start + len(tokens))[None]")], "mixed a CPU tensor"),
+    ("13", "positions left on the CPU", [("position_ids=positions.to(device)", "position_ids=positions")],
+     "mixed a CPU tensor"),
     ("08", "slot indices on the CPU",
      [("slots = torch.arange(S, device=device)", "slots = torch.arange(S)")], "mixed a CPU tensor"),
 ]

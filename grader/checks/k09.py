@@ -10,6 +10,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader import report
+from grader.checks import devices
 from grader.checks.common import DTYPES, SEEDS, randn, value_error_names
 from grader.checks.quant_programs import D_CHOICES, EPS, Replay, formula_nbytes, grid_problem, programs, stream
 from grader.engine import Checks
@@ -348,3 +349,24 @@ def cache_rejects_bad_input(ctx):
                    "= 6: a refused update must change nothing", ex, ("refused call changed", cache.seq_len(0)))
 
     ctx.forall(st.fixed_dictionaries({"dtype": DTYPES, "seed": SEEDS}), body, max_examples=2)
+
+
+# -- the device -------------------------------------------------------------------------------
+def _device_scenario(s):
+    api = s.ctx.t
+    x = s.put(randn(0, 1, 2, 8, 4))  # (B=1, Hkv=2, S=8, D=4)
+    codes, scale, zero = s.call("quantize(x, 4, dim=2)", api.quantize, x, 4, 2)
+    s.call("dequantize(codes, scale, zero)", api.dequantize, codes, scale, zero)
+    packed = s.call("pack(codes, 4)", api.pack, codes, 4)
+    s.call("unpack(packed, 4)", api.unpack, packed, 4)
+    cache = api.QuantizedKVCache(n_bits=4, residual_len=4)
+    kv = [s.put(randn(i, 1, 2, n, 4)) for i, n in enumerate((3, 3, 4, 4, 1, 1))]  # (B, Hkv, T, D)
+    s.call("QuantizedKVCache(4, 4).update(0, k_new, v_new) with 3 tokens", cache.update, 0, kv[0], kv[1])
+    s.call("update(0, k_new, v_new) with 4 more tokens (one group quantized)", cache.update, 0, kv[2], kv[3])
+    s.call("update(0, k_new, v_new) with 1 more token (a second group)", cache.update, 0, kv[4], kv[5])
+
+
+@CHECKS.add("quantize, pack and the cache keep every tensor on the inputs' device", uses="quantize")
+def keeps_the_device(ctx):
+    ctx.case({"x": (1, 2, 8, 4), "n_bits": 4, "residual_len": 4},
+             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

@@ -16,8 +16,10 @@ import torch
 from hypothesis import strategies as st
 
 from grader.checks.beam_oracle import TIE, Probed, brute_force, cache_for, close, score_of, stand_in
+from grader.checks import devices
 from grader.checks.common import SEEDS, value_error_names
-from grader.checks.k08 import TINY, _tiny_model
+from grader.checks.k08 import DEVICE_MODEL, TINY, _tiny_model
+from grader.nn import Llama, LlamaConfig
 from grader.engine import Checks
 
 CHECKS = Checks("11")
@@ -314,3 +316,21 @@ def rejects_bad_input(ctx):
                        ex, ("unnamed", name))
 
     ctx.case({"seed": 0}, body)
+
+
+# -- the device -------------------------------------------------------------------------------
+def _device_scenario(s):
+    from grader.paged import PagedKVCache
+
+    model = devices.module_on(s, lambda: Llama(LlamaConfig(**DEVICE_MODEL)), dtype=torch.float64)
+    heads, width = DEVICE_MODEL["num_key_value_heads"], DEVICE_MODEL["hidden_size"] // DEVICE_MODEL["num_attention_heads"]
+    with torch.inference_mode():  # the pages and every write into them alike, whether or not beam_search says so
+        cache = PagedKVCache(16, 2, DEVICE_MODEL["num_hidden_layers"], heads, width, dtype=torch.float64, device=s.device)
+        s.call("beam_search(model, [5, 9, 2], 2, 3, cache=...), the model and the cache on the test device",
+               s.ctx.t.beam_search, model, [5, 9, 2], 2, 3, cache=cache, eos_token_id=0)
+
+
+@CHECKS.add("beam_search runs on the model's device (no tensor made on the CPU by accident)", uses="beam_search")
+def keeps_the_device(ctx):
+    ctx.case({"prompt": [5, 9, 2], "num_beams": 2, "max_new_tokens": 3},
+             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

@@ -15,11 +15,13 @@ import numbers
 import torch
 from hypothesis import strategies as st
 
+from grader.checks import devices
 from grader.checks.common import SEEDS, randn, value_error_names
+from grader.checks.k08 import DEVICE_MODEL
 from grader.checks.rollback_programs import programs, replay
 from grader.checks.speculative_spy import WrongDraft, count_rounds, perturbed, replay_calls, spy_model
 from grader.engine import Checks
-from grader.nn import Llama
+from grader.nn import Llama, LlamaConfig
 
 CHECKS = Checks("12")
 
@@ -299,3 +301,23 @@ def rejects_bad_input(ctx):
                        f"{name}", ex, ("unnamed", name))
 
     ctx.case({"seed": 0}, body)
+
+
+# -- the device -------------------------------------------------------------------------------
+def _device_scenario(s):
+    api = s.ctx.t
+    cache = api.RollbackKVCache()
+    kv = [s.put(randn(i, 1, 2, n, 4)) for i, n in enumerate((3, 3, 2, 2))]  # (B=1, Hkv=2, T, D=4)
+    s.call("RollbackKVCache().update(0, k, v) with 3 tokens", cache.update, 0, kv[0], kv[1])
+    cache.crop(1)
+    s.call("update(0, k, v) with 2 tokens after crop(1)", cache.update, 0, kv[2], kv[3])
+    target = devices.module_on(s, lambda: Llama(LlamaConfig(**DEVICE_MODEL)), dtype=torch.float64)
+    draft = devices.module_on(s, lambda: Llama(LlamaConfig(**dict(DEVICE_MODEL, hidden_size=8))), dtype=torch.float64)
+    s.call("speculative_generate(target, draft, [5, 9, 2], 4, k=2), both models on the test device",
+           api.speculative_generate, target, draft, [5, 9, 2], 4, k=2)
+
+
+@CHECKS.add("the cache and speculative_generate keep every tensor on the models' device", uses="RollbackKVCache")
+def keeps_the_device(ctx):
+    ctx.case({"prompt": [5, 9, 2], "max_new_tokens": 4, "k": 2},
+             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

@@ -14,11 +14,12 @@ import numbers
 import torch
 from hypothesis import strategies as st
 
+from grader.checks import devices
 from grader.checks.common import SEEDS, value_error_names
-from grader.checks.k08 import TINY, _greedy_alone, _Recording, _SpyCache, _tiny_model
+from grader.checks.k08 import DEVICE_MODEL, TINY, _greedy_alone, _Recording, _SpyCache, _tiny_model
 from grader.checks.scheduler_programs import PINNED, Replay, Request, State, programs
 from grader.engine import Checks
-from grader.nn import Llama
+from grader.nn import Llama, LlamaConfig
 
 CHECKS = Checks("13")
 TIE = 1e-9  # top two logits closer than this: either token is a correct greedy choice
@@ -315,3 +316,17 @@ def serve_keeps_the_model_dtype(ctx):
     for dtype in (torch.float32, torch.float64):
         ctx.case({"requests": [(0, 5, 3, 0), (1, 2, 4, 1)], "num_blocks": 4, "block_size": 2, "max_num_seqs": 2,
                   "max_num_batched_tokens": 8, "dtype": dtype, "seed": 9}, body)
+
+
+# -- the device -------------------------------------------------------------------------------
+def _device_scenario(s):
+    model = devices.module_on(s, lambda: Llama(LlamaConfig(**DEVICE_MODEL)), dtype=torch.float64)
+    requests = [("a", [5, 9, 2], 3, 0), ("b", [7], 2, 1)]
+    s.call("serve(model, [a: 3 tokens, b: 1 token arriving at step 1], num_blocks=8, block_size=2, ...), "
+           "the model on the test device", s.ctx.t.serve, model, requests, num_blocks=8, block_size=2,
+           max_num_seqs=2, max_num_batched_tokens=8)
+
+
+@CHECKS.add("serve runs on the model's device (no tensor made on the CPU by accident)", uses="serve")
+def keeps_the_device(ctx):
+    ctx.case({"requests": 2, "num_blocks": 8, "block_size": 2}, lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))
