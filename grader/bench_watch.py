@@ -23,7 +23,12 @@ from pathlib import Path
 
 from grader import manifest, mistakes
 
-SKIP = shutil.ignore_patterns(".git", ".kvkata", "__pycache__", ".hypothesis", ".venv", "*.egg-info", "notebooks")
+SKIP_NAMES = shutil.ignore_patterns(".git", ".kvkata", "__pycache__", ".hypothesis", "*.egg-info", "notebooks")
+
+
+def _skip(folder: str, names: list[str]) -> set[str]:
+    """What the copy leaves out: caches, notebooks and any virtual environment (a folder with pyvenv.cfg)."""
+    return set(SKIP_NAMES(folder, names)) | {n for n in names if (Path(folder) / n / "pyvenv.cfg").is_file()}
 
 
 def _lines(proc) -> queue.Queue:
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     kata = manifest.get(args.kata)
     with tempfile.TemporaryDirectory(prefix="kvkata-bench-watch-") as tmp:
         repo = Path(tmp) / "repo"
-        shutil.copytree(manifest.REPO_ROOT, repo, ignore=SKIP)
+        shutil.copytree(manifest.REPO_ROOT, repo, ignore=_skip)
         env = {**{k: v for k, v in os.environ.items() if k != "KVKATA_STATE"}, "PYTHONPATH": str(repo),
                "PYTHONUNBUFFERED": "1"}
         watch = save_to_verdict(kata, args.saves, repo, env)

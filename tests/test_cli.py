@@ -26,9 +26,15 @@ def git(repo: Path, *args: str) -> None:
                    check=True, capture_output=True)
 
 
+def _ignore(folder: str, names: list[str]) -> set[str]:
+    """What a copy leaves out: caches, handouts, and any virtual environment (a folder holding pyvenv.cfg),
+    whatever it is called: a venv inside the checkout holds gigabytes of torch."""
+    return set(SKIP(folder, names)) | {n for n in names if (Path(folder) / n / "pyvenv.cfg").is_file()}
+
+
 def copy_repo(dest: Path) -> Path:
     """The repository copied to ``dest`` and committed there (so the untouched stubs are in git)."""
-    shutil.copytree(ROOT, dest, ignore=SKIP)
+    shutil.copytree(ROOT, dest, ignore=_ignore)
     if shutil.which("git"):
         git(dest, "init", "-q")
         git(dest, "add", "-A")
