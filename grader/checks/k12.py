@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from grader.checks import devices
 from grader.checks.common import SEEDS, randn, value_error_names
-from grader.checks.k08 import DEVICE_MODEL
+from grader.checks.k08 import DEVICE_MODEL, _greedy_alone
 from grader.checks.rollback_programs import programs, replay
 from grader.checks.speculative_spy import WrongDraft, count_rounds, perturbed, replay_calls, spy_model
 from grader.engine import Checks
@@ -244,21 +244,13 @@ def eos_stops_and_is_kept(ctx):
     def body(c, ex):
         target, _, _ = _models(ex, c.device)
         prompt = _prompt(ex, target.config.vocab_size)
-        path = _greedy(target, prompt, ex["max_new_tokens"])
+        path = _greedy_alone(target, prompt, ex["max_new_tokens"])
         eos = next((t for i, t in enumerate(path) if i >= 2 and t not in path[:i]), path[-1])
         target, _, _, prompt, tokens, _ = _run(c, ex, eos=eos)
         _verify(c, target, prompt, tokens, ex, eos=eos)
 
     ctx.case({"draft": "identical", "prompt_len": 3, "max_new_tokens": 14, "k": 4, "seed": 1}, body)
     ctx.forall(runs(drafts=("identical", "perturbed"), max_new=(4, 14)), body, max_examples=3)
-
-
-@torch.no_grad()
-def _greedy(model, prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(Llama.forward(model, torch.tensor([seq], device=model.device))[0, -1].argmax()))
-    return seq[len(prompt):]
 
 
 @CHECKS.add("max_new_tokens 0 gives [], 1 gives the target's first token", uses="speculative_generate")
