@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from grader.checks import devices
 from grader.checks.common import SEEDS, randn, value_error_names
-from grader.checks.k08 import DEVICE_MODEL, _greedy_alone
+from grader.checks.k08 import DEVICE_MODEL, _greedy_alone, _kind
 from grader.checks.rollback_programs import programs, replay
 from grader.checks.speculative_spy import WrongDraft, count_rounds, perturbed, replay_calls, spy_model
 from grader.engine import Checks
@@ -80,14 +80,6 @@ def _result(c, got, ex) -> tuple[list[int], dict]:
     if not isinstance(stats, dict) or not all(isinstance(stats.get(key), numbers.Integral) for key in keys):
         c.fail(f"stats should be a dict with int entries {', '.join(keys)}; got {stats!r}", ex, ("stats type",))
     return [int(t) for t in tokens], {key: int(stats[key]) for key in keys}
-
-
-def _kind(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    if isinstance(value, (list, tuple)):
-        return f"a {type(value).__name__} of {len(value)}"
-    return "None" if value is None else f"a {type(value).__name__}"
 
 
 # -- the answer: the target's plain greedy tokens -----------------------------------------------------
