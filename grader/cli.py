@@ -52,10 +52,12 @@ def board() -> str:
     if pending:
         k = pending[0]
         head = f"next: kata {k.id} — {k.title}: read {k.readme}, edit {k.stub}"
-        if (manifest.REPO_ROOT / k.solution).is_file():
+        from grader import grade
+
+        if grade.gradable(k):
             lines += ["", head + ", then run", f"  pytest katas/{k.id}"]
         else:
-            lines += ["", head, "  (a handout cannot grade here: hand in katas/ to your instructor, see README.md)"]
+            lines += ["", head, "  (this copy cannot grade it: hand in katas/ to your instructor, see README.md)"]
     else:
         lines += ["", "every kata passes. Practise under time: kvkata interview --level 2"]
     session = sessions.current()
@@ -74,7 +76,7 @@ def cmd_check(args) -> int:
     from grader import grade
 
     katas = [learner.kata(args.kata)] if args.kata else list(manifest.load().values())
-    code = 0
+    code, lines = 0, []
     for k in katas:
         try:
             results = learner.grade_file(k, "stub", args.device, args.seed, args.timeout)
@@ -82,12 +84,18 @@ def cmd_check(args) -> int:
             if args.kata:
                 raise
             print(f"kata {k.id}: not graded — {exc}\n")
+            lines.append(f"- kata {k.id} {k.title}: not graded ({exc})")
             continue
         print(f"kata {k.id} · {k.title} · {k.stub}")
+        if grade.public_header(k):
+            print(grade.public_header(k))
         print("\n".join(learner.result_lines(results, verbose=bool(args.kata))))
         print(grade.summary(k, results) + "\n")
         learner.save_results(k, results, args.device)
+        lines.append(learner.summary_line(k, results))
         code = code or int(not all(r.passed for r in results))
+    if args.summary:
+        learner.append_summary(args.summary, lines)
     if not args.kata:
         print(board())
     return code
@@ -174,7 +182,11 @@ def cmd_history(args) -> int:
 def cmd_assign(args) -> int:
     from grader.classroom import handouts
 
-    print(handouts.assign(args.level, args.out, args.only, args.force))
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    say("recording each kata's public checks: the reference and every known mistake on the public inputs")
+    print(handouts.assign(args.level, args.out, args.only, args.force, ci=not args.no_ci, say=say))
     return 0
 
 
@@ -211,6 +223,8 @@ def _learner_commands(command) -> None:
     c = command("check", cmd_check, "grade one kata (or every kata) and update the board")
     c.add_argument("kata", nargs="?", help="kata id, e.g. 01; none: every kata")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--summary", metavar="FILE.md", help="also append one Markdown line per kata to FILE.md "
+                   "(a CI job summary, e.g. $GITHUB_STEP_SUMMARY)")
     _grading_options(c)
     c = command("watch", cmd_watch, "re-grade a kata each time you save its file; moves on when it passes")
     c.add_argument("kata", nargs="?", help="kata id to start with (default: the first that does not pass)")
@@ -251,6 +265,7 @@ def _classroom_commands(command) -> None:
     c.add_argument("--only", action="store_true", help="only that level, not the ones below")
     c.add_argument("--out", help="folder to write (default handout-levelN)")
     c.add_argument("--force", action="store_true", help="replace the folder if it exists")
+    c.add_argument("--no-ci", action="store_true", help="leave out the GitHub Classroom workflow (.github/workflows)")
     c = command("grade", cmd_grade, "grade submissions (folders holding katas/NN/<file>), each isolated")
     c.add_argument("submissions", nargs="+", metavar="SUBMISSION")
     c.add_argument("--level", type=int, help="grade the katas of this level and below (default: those submitted)")

@@ -29,6 +29,37 @@ def single_thread() -> None:
         torch.set_num_threads(1)
 
 
+def gradable(kata: manifest.Kata) -> bool:
+    """Whether this copy can grade the kata: it has the reference, or (a handout) its public record."""
+    from grader.classroom import public
+
+    return (manifest.REPO_ROOT / kata.solution).is_file() or public.active(kata.id)
+
+
+def context(kata: manifest.Kata, target: targets.Target, device, seed: int = 0) -> tuple[Ctx, tuple]:
+    """The checks' context and the known mistakes: the reference and the catalogue in the full
+    repository; in a handout, the kata's public record (grader.classroom.public)."""
+    from grader.classroom import public
+
+    if public.active(kata.id):
+        return public.PublicCtx(target, kata.id, device), public.known_mistakes(kata.id)
+    return Ctx(target, targets.reference(kata), device, seed), mistakes.load(kata.id)
+
+
+def checks_for(kata_id: str) -> list:
+    """The checks that run in this copy: every one in the repository, the public ones in a handout."""
+    from grader.classroom import public
+
+    return public.checks_of(kata_id, checks.for_kata(kata_id).all)
+
+
+def public_header(kata: manifest.Kata) -> str:
+    """In a handout, what ran: "public checks: N of M; ..."; empty in the full repository."""
+    from grader.classroom import public
+
+    return public.header(kata.id, len(checks.for_kata(kata.id).all)) if public.active(kata.id) else ""
+
+
 def grade(kata_id: str, target: targets.Target | str = "stub", device: str = "cpu", seed: int = 0,
           timeout: float | None = DEFAULT_TIMEOUT, diagnose: bool = True) -> list[Result]:
     """Run every check of the kata against ``target`` (a Target, "stub", "solution" or a path)."""
@@ -36,9 +67,8 @@ def grade(kata_id: str, target: targets.Target | str = "stub", device: str = "cp
     if isinstance(target, str):
         target = targets.resolve(kata, target)
     single_thread()
-    ctx = Ctx(target, targets.reference(kata), pick_device(device), seed)
-    known = mistakes.load(kata.id) if diagnose else ()
-    return [run_check(check, ctx, known, timeout) for check in checks.for_kata(kata.id).all]
+    ctx, known = context(kata, target, pick_device(device), seed)
+    return [run_check(check, ctx, known if diagnose else (), timeout) for check in checks_for(kata.id)]
 
 
 def summary(kata: manifest.Kata, results: list[Result]) -> str:

@@ -37,14 +37,14 @@ def kata(kata_id: str) -> manifest.Kata:
 def grade_file(k: manifest.Kata, spec: str, device: str = "cpu", seed: int = 0, timeout: float | None = None):
     """Results of every check of ``k`` on ``spec`` ("stub" or a path); a file that will not import
     fails every check with the reason, as the pytest plugin does."""
-    from grader import checks, grade, report, targets
+    from grader import grade, report, targets
     from grader.engine import Result
 
-    if not (manifest.REPO_ROOT / k.solution).is_file():
-        raise UsageError(f"kata {k.id}: there is no reference solution here ({k.solution}), so nothing can be "
-                         "graded in this copy; a handout is graded by the instructor with `kvkata grade`")
+    if not grade.gradable(k):
+        raise UsageError(f"kata {k.id}: there is no reference solution here ({k.solution}) and no public record, so "
+                         "nothing can be graded in this copy; your instructor grades it with `kvkata grade`")
     try:
-        kata_checks = checks.for_kata(k.id).all
+        kata_checks = grade.checks_for(k.id)
     except ModuleNotFoundError:
         raise UsageError(f"kata {k.id} has no checks yet") from None
     try:
@@ -67,6 +67,25 @@ def result_lines(results, verbose: bool = True) -> list[str]:
         elif r.status == "not-implemented":
             lines[-1] += f" — {r.message}"
     return lines
+
+
+def summary_line(k: manifest.Kata, results) -> str:
+    """One Markdown line for a CI job summary: the kata, checks passed, and the first failure."""
+    passed, total = sum(r.passed for r in results), len(results)
+    line = f"- {'✅' if passed == total else '❌'} kata {k.id} {k.title}: {passed}/{total} checks pass"
+    failing = next((r for r in results if not r.passed), None)
+    if failing is not None:
+        first = failing.message.splitlines()[0] if failing.message else failing.status
+        line += f" — first failing: {failing.check.title} ({first[:160]})"
+        if failing.diagnoses:
+            line += f"; looks like: {', '.join(failing.diagnoses)}"
+    return line
+
+
+def append_summary(path: str, lines: list[str]) -> None:
+    """Append ``lines`` to a job-summary file (created when absent)."""
+    with open(path, "a", encoding="utf-8") as out:
+        out.write("### KV-cache katas: public checks\n\n" + "\n".join(lines) + "\n")
 
 
 def save_results(k: manifest.Kata, results, device: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader import grade, manifest, mistakes, report, state, targets
+from grader import grade, manifest, report, state, targets
 from grader.engine import Ctx, Result, run_check
 
 SETTINGS = pytest.StashKey[dict]()
@@ -97,10 +97,15 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     settings = config.stash[SETTINGS]
     lines = []
     for kata_file in files:
+        kata = kata_file.kata
+        public = grade.public_header(kata)
         lines.append(
-            f"kata {kata_file.kata.id} ({kata_file.kata.title}) · target {kata_file.target_label()} · "
-            f"device {settings['device']} · torch {torch.__version__} · seed {settings['seed']}"
+            f"kata {kata.id} ({kata.title}) · target {kata_file.target_label()} · "
+            f"device {settings['device']} · torch {torch.__version__} · "
+            + ("the handout's public inputs" if public else f"seed {settings['seed']}")
         )
+        if public:
+            lines.append(f"kata {kata.id}: {public}")
     return lines
 
 
@@ -156,12 +161,11 @@ class KataFile(pytest.File):
         super().__init__(**kwargs)
         self.kata = kata
         self._ctx: Ctx | None = None
+        self.mistakes: tuple = ()
         self._load_error: str | None = None
 
     def collect(self):
-        from grader import checks
-
-        for check in checks.for_kata(self.kata.id).all:
+        for check in grade.checks_for(self.kata.id):
             yield KataItem.from_parent(self, name=check.id, check=check)
 
     def target_label(self) -> str:
@@ -177,7 +181,7 @@ class KataFile(pytest.File):
             except targets.TargetLoadError as exc:
                 self._load_error = str(exc)
                 return None
-            self._ctx = Ctx(target, targets.reference(self.kata), settings["device"], settings["seed"])
+            self._ctx, self.mistakes = grade.context(self.kata, target, settings["device"], settings["seed"])
         return self._ctx
 
 
@@ -193,7 +197,7 @@ class KataItem(pytest.Item):
             result = Result(self.check, "fail", report.LOAD_FAILED.format(reason=self.parent._load_error))
         else:
             settings = self.config.stash[SETTINGS]
-            result = run_check(self.check, ctx, mistakes.load(self.kata.id), settings["timeout"])
+            result = run_check(self.check, ctx, self.parent.mistakes, settings["timeout"])
         self.result = result
         self.config.stash[RESULTS].setdefault(self.kata.id, []).append(result)
         if not result.passed:

@@ -28,19 +28,21 @@ CHECK_TIMEOUT = 10.0  # seconds one check may run in the watcher (a hang shows q
 def warm_up(katas: list[manifest.Kata]) -> None:
     """Import what grading needs, once, before any child is forked (no torch op runs here, so
     no thread pool exists to break in the children)."""
-    from grader import checks, grade, mistakes, targets
+    from grader import grade, targets
+    from grader.classroom import public
 
     grade.single_thread()
     for k in katas:
-        if (manifest.REPO_ROOT / k.solution).is_file():
-            checks.for_kata(k.id)
-            targets.reference(k)
-            mistakes.load(k.id)
+        grade.checks_for(k.id)
+        if public.active(k.id):
+            public.load(k.id)
+        elif grade.gradable(k):
+            grade.context(k, targets.reference(k), "cpu")  # the reference and the mistake catalogue
 
 
 def grade_forked(k: manifest.Kata, device: str, seed: int, timeout: float) -> tuple[list | None, str]:
     """(results, "") from a child process, or (None, why) when the child hung, crashed or exited."""
-    from grader import checks
+    from grader import grade
 
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -58,12 +60,12 @@ def grade_forked(k: manifest.Kata, device: str, seed: int, timeout: float) -> tu
         finally:
             os._exit(code)
     os.close(write_end)
-    deadline = time.monotonic() + timeout * (len(checks.for_kata(k.id).all) + 1)
+    deadline = time.monotonic() + timeout * (len(grade.checks_for(k.id)) + 1)
     data, why = _read_all(read_end, deadline), ""
     os.close(read_end)
     if data is None:
         os.kill(pid, signal.SIGKILL)
-        why = f"grading took longer than {timeout * (len(checks.for_kata(k.id).all) + 1):g} s and was stopped"
+        why = f"grading took longer than {timeout * (len(grade.checks_for(k.id)) + 1):g} s and was stopped"
     _, status = os.waitpid(pid, 0)
     if data:
         try:
@@ -140,9 +142,12 @@ def next_pending(katas: list[manifest.Kata], after: manifest.Kata | None = None)
 def run(kata_id: str | None, poll: bool, interval: float, seed: int, timeout: float, say=print) -> int:
     """Watch until Ctrl-C. Grading runs on the CPU: the checks' tensors are tiny, and a CUDA context
     cannot be shared with forked children (``kvkata check NN --device cuda`` grades on a GPU)."""
-    katas = [k for k in manifest.load().values() if (manifest.REPO_ROOT / k.solution).is_file()]
+    from grader import grade
+
+    katas = [k for k in manifest.load().values() if grade.gradable(k)]
     if not katas:
-        raise UsageError("no kata can be graded here (no reference solutions): a handout is graded by the instructor")
+        raise UsageError("no kata can be graded here (no reference solutions, no public records): your instructor "
+                         "grades your work")
     current = learner.kata(kata_id) if kata_id else (next_pending(katas) or katas[0])
     device = "cpu"
     warm_up(katas)

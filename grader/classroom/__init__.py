@@ -1,11 +1,11 @@
 """The classroom: handouts, and grading a cohort where nothing a submission does can change a grade.
 
     handouts        ``kvkata assign``: a level's katas for students, without solutions
+    tape, public    a handout's public checks: the reference's answers recorded, and run from the record
     grading         ``kvkata grade``: find the submissions, grade them, write the reports
     cohort          workers forked from a warm server, each sandboxed, with time and memory limits
     worker          the learner's side, in the sandbox: record what the code returns (record)
     judge, replay   the grader's side: replay the records against the reference, name mistakes
     plain           the plain data that crosses between the two
     autograder      ``kvkata autograder``: the same grading as a Gradescope autograder
-    handout_plugin  the pytest plugin a handout carries instead of grader.plugin
 """

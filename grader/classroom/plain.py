@@ -122,14 +122,20 @@ class Replayed:
 _REBUILT: dict[tuple[str, type], type] = {}  # one class per name and base, so a replay raises the same type twice
 
 
-def rebuild_exception(info: dict) -> BaseException:
-    """An exception equivalent to the described one: same name, same builtin base, same message."""
-    base = next((getattr(builtins, n) for n in info["bases"] if isinstance(getattr(builtins, n, None), type)
+def exception_class(name: str, bases) -> type:
+    """The one class that stands for the exception class ``name`` whose builtin bases are ``bases``."""
+    base = next((getattr(builtins, n) for n in bases if isinstance(getattr(builtins, n, None), type)
                  and issubclass(getattr(builtins, n), BaseException)), Exception)
-    key = (str(info["type"]), base)
+    key = (str(name), base)
     if key not in _REBUILT:
         _REBUILT[key] = type(key[0], (Replayed, base), {})
-    exc = _REBUILT[key].__new__(_REBUILT[key])
+    return _REBUILT[key]
+
+
+def rebuild_exception(info: dict) -> BaseException:
+    """An exception equivalent to the described one: same name, same builtin base, same message."""
+    cls = exception_class(info["type"], info["bases"])
+    exc = cls.__new__(cls)
     exc.args = tuple(info["args"]) if isinstance(info.get("args"), tuple) else (info["text"],)
     exc.info = info
     return exc
