@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from grader import checks, manifest, mistakes, report, targets
+from grader import checks, manifest, report, targets
 from grader.engine import Ctx, Result, run_check
 
 DEFAULT_TIMEOUT = 60.0
@@ -43,6 +43,8 @@ def context(kata: manifest.Kata, target: targets.Target, device, seed: int = 0) 
 
     if public.active(kata.id):
         return public.PublicCtx(target, kata.id, device), public.known_mistakes(kata.id)
+    from grader import mistakes  # not in a handout
+
     return Ctx(target, targets.reference(kata), device, seed), mistakes.load(kata.id)
 
 
@@ -108,6 +110,8 @@ def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> lis
     kata = manifest.get(kata_id)
     picked = str(pick_device(device))
     results = grade(kata.id, targets.from_namespace(namespace), device=picked)
+    if public_header(kata):
+        print(public_header(kata))
     for r in results:
         mark = {"pass": "✓", "not-implemented": "·"}.get(r.status, "✗")
         print(f"{mark} {r.check.title}" + ("" if r.passed else f"\n  {r.message}"))

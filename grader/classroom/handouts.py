@@ -85,6 +85,27 @@ jobs:
 """
 
 
+PAGED_SHIM = '''"""The paged KV cache that katas 11 and 13 build on. In the full repository this module is a
+reference implementation of kata 06; this handout assigns kata 06, so here it is yours:
+``katas/06/paged.py``, loaded from the handout's folder. Finish kata 06 before katas 11 and 13."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_FILE = Path(__file__).resolve().parent.parent / "katas" / "06" / "paged.py"
+_spec = importlib.util.spec_from_file_location("kvkata_handout_paged", _FILE)
+_module = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _module
+_spec.loader.exec_module(_module)
+
+BlockAllocator = _module.BlockAllocator
+OutOfBlocksError = _module.OutOfBlocksError
+PagedKVCache = _module.PagedKVCache
+'''
+
+
 def katas_for(level: int, only: bool = False) -> list[manifest.Kata]:
     chosen = [k for k in manifest.load().values() if (k.level == level if only else k.level <= level)]
     if not chosen:
@@ -106,15 +127,15 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
     ids = {k.id for k in katas}
 
     def ignore(folder: str, names: list[str]) -> set[str]:
-        skip = {n for n in names if n in ("__pycache__", "pristine", "public") or n.endswith(".pyc")}
-        if Path(folder).name == "mistakes":  # no known-mistake catalogue: it is the reference with bugs
-            skip |= {n for n in names if n != "__init__.py"}
+        skip = {n for n in names if n in ("__pycache__", "pristine", "public", "mistakes") or n.endswith(".pyc")}
         if Path(folder).name == "checks":
             skip |= {n for n in names if re.fullmatch(r"k(\w+)\.py", n) and n[1:-3] not in ids}
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest, ignore=ignore)
     (dest / "manifest.toml").write_text(manifest_text(ids), encoding="utf-8")
+    if "06" in ids:  # grader/paged.py is kata 06's reference: here the later katas build on the student's own
+        (dest / "paged.py").write_text(PAGED_SHIM, encoding="utf-8")
     for k in katas:
         stub, _ = learner.pristine_stub(k)
         state.write_atomic(dest / "pristine" / k.id / k.file, stub.encode("utf-8"))

@@ -67,9 +67,10 @@ def header(kata_id: str, total: int) -> str:
     return HEADER.format(n=len(load(kata_id)["public"]), m=total)
 
 
-def known_mistakes(kata_id: str) -> tuple:
+def known_mistakes(kata_id: str, tape: dict | None = None) -> tuple:
     """(mistake, None) pairs, as grader.mistakes.load gives (mistake, target) pairs."""
-    return tuple((KnownMistake(m["name"], m["why"], m["hint"]), None) for m in load(kata_id)["mistakes"])
+    tape = tape if tape is not None else load(kata_id)
+    return tuple((KnownMistake(m["name"], m["why"], m["hint"]), None) for m in tape["mistakes"])
 
 
 def _to(value, device: torch.device):
@@ -87,15 +88,15 @@ def _to(value, device: torch.device):
 class PublicCtx(Ctx):
     """Runs a kata's checks on the learner's code against the kata's public record."""
 
-    def __init__(self, target: Target, kata_id: str, device):
+    def __init__(self, target: Target, kata_id: str, device, tape: dict | None = None):
         super().__init__(target, Target("the public record", f"<public record {kata_id}>", {}), device, PUBLIC_SEED)
         self.kata_id = kata_id
-        self.tape = load(kata_id)
+        self.tape = tape if tape is not None else load(kata_id)
         self.ref = _RecordedRef(self)
         self.cursor: _Cursor | None = None
 
     def with_target(self, target: Target) -> "PublicCtx":
-        return PublicCtx(target, self.kata_id, self.device)
+        return PublicCtx(target, self.kata_id, self.device, self.tape)
 
     # -- inputs: the recorded ones, in order ----------------------------------------------------
     def forall(self, strategy, body, max_examples: int = 20) -> None:

@@ -200,8 +200,18 @@ def _answer(ctx: Recorder, op: dict, value):
 
 
 # -- the record of a kata ---------------------------------------------------------------------------
+_MADE: dict[tuple, dict] = {}  # one process makes a kata's record once (the same sources, the same record)
+
+
 def record(kata_id: str, device="cpu", seed: int = PUBLIC_SEED, progress=None) -> dict:
     """Run the kata's checks on the reference and its known mistakes; the public record as data."""
+    key = (kata_id, str(device), seed)
+    if key not in _MADE:
+        _MADE[key] = _record(kata_id, device, seed, progress)
+    return _MADE[key]
+
+
+def _record(kata_id: str, device, seed: int, progress) -> dict:
     from grader import grade
 
     grade.single_thread()

@@ -1,0 +1,216 @@
+"""Handouts check themselves: each kata's public record (grader.classroom.tape) lets its checks run
+where there is no reference and no mistake catalogue (grader.classroom.public).
+
+Held here: the public checks pass the reference and fail the untouched stub; they catch at least
+90% of each kata's catalogue and name each caught mistake alone, as the full grader does; bugs
+the catalogue does not know are caught and named as nothing; the public inputs are not the
+grading inputs; a level-1 handout grades with pytest, ``kvkata check``, a notebook's check cell
+and its GitHub Classroom workflow; and no function body of a solution or a known mistake is in a
+handout.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grader import checks, diagnosis, manifest, mistakes, targets
+from grader.classroom import handouts, public, tape
+from grader.engine import Ctx, run_check
+from grader.mistakes import Mistake
+from test_diagnosis import UNKNOWN
+
+KATAS = list(manifest.load().values())
+IDS = [k.id for k in KATAS]
+GOAL = 0.9  # the share of a kata's catalogue its public checks alone must catch
+UNKNOWN_CASES = [(kata, name) for kata, bugs in UNKNOWN.items() for name in bugs]
+
+
+@pytest.fixture(scope="module")
+def records() -> dict[str, dict]:
+    """Every kata's public record, made once (as ``kvkata assign`` makes them)."""
+    return {k.id: tape.record(k.id) for k in KATAS}
+
+
+def graded(kata_id: str, target, record: dict) -> list:
+    ctx = public.PublicCtx(target, kata_id, "cpu", record)
+    known = public.known_mistakes(kata_id, record)
+    return [run_check(c, ctx, known, 60) for c in checks.for_kata(kata_id).all if c.id in record["public"]]
+
+
+@pytest.mark.parametrize("kata_id", IDS)
+def test_public_checks_pass_the_reference_and_catch_the_catalogue(kata_id, records):
+    record, kata = records[kata_id], manifest.get(kata_id)
+    assert record["public"] and set(record["public"]) <= {c.id for c in checks.for_kata(kata_id).all}
+    assert [r.status for r in graded(kata_id, targets.reference(kata), record)] == ["pass"] * len(record["public"])
+    assert {r.status for r in graded(kata_id, targets.stub(kata), record)} == {"not-implemented"}
+    caught, wrong = [], []
+    for mistake, target in mistakes.load(kata_id):
+        failed = [r for r in graded(kata_id, target, record) if not r.passed]
+        if failed:
+            caught.append(mistake.name)
+            assert any(mistake.name in r.diagnoses for r in failed), (mistake.name, [r.message for r in failed])
+        wrong += [(mistake.name, r.check.id, d) for r in failed for d in r.diagnoses if d != mistake.name]
+    assert not wrong, wrong
+    total = len(mistakes.catalogue(kata_id))
+    assert tape.share(record) == {"public": len(record["public"]), "checks": len(checks.for_kata(kata_id).all),
+                                  "caught": len(caught), "mistakes": total}
+    assert len(caught) >= GOAL * total, f"kata {kata_id}: the public checks catch {len(caught)} of {total}"
+
+
+@pytest.mark.parametrize("kata_id,name", UNKNOWN_CASES, ids=[f"{k}-{n}" for k, n in UNKNOWN_CASES])
+def test_an_unknown_bug_fails_a_public_check_and_is_named_as_nothing(kata_id, name, records):
+    reference = (manifest.REPO_ROOT / manifest.get(kata_id).solution).read_text(encoding="utf-8")
+    source = Mistake(name, "", "", UNKNOWN[kata_id][name]).apply(reference)
+    failed = [r for r in graded(kata_id, targets.from_source(source, f"<unknown {name}>", name), records[kata_id])
+              if not r.passed]
+    assert failed and not [d for r in failed for d in r.diagnoses]
+
+
+@pytest.mark.parametrize("kata_id", IDS)
+def test_the_public_inputs_are_not_the_grading_inputs(kata_id, records):
+    """The instructor's grading (seed 0) draws other inputs: tuning to the public ones does not pass it."""
+    kata, record = manifest.get(kata_id), records[kata_id]
+    ctx = Ctx(targets.reference(kata), targets.reference(kata), "cpu", 0)
+    drawn = public_drawn = 0
+    for check in checks.for_kata(kata_id).all:
+        for site in diagnosis.sites(check, ctx):
+            if site.strategy is None:
+                continue
+            grading = {repr(e) for e in diagnosis.drawn(ctx, check, site)}
+            mine = [repr(e) for e in record["examples"].get(f"{check.id}/{site.number}", [])]
+            drawn += len(mine)
+            public_drawn += sum(e not in grading for e in mine)
+    assert record["seed"] != 0
+    assert drawn == 0 or public_drawn >= 0.8 * drawn, f"{public_drawn} of {drawn} public inputs are new"
+
+
+# -- a handout ---------------------------------------------------------------------------------------
+def bodies(source: str) -> dict[str, str]:
+    """Function bodies (docstrings aside) of a dozen AST nodes or more, by their dump."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            module = ast.Module(body=body, type_ignores=[])
+            if sum(1 for _ in ast.walk(module)) >= 12:
+                found[ast.dump(module)] = node.name
+    return found
+
+
+def secret_bodies(katas) -> dict[str, str]:
+    """The bodies of the katas' solutions and known mistakes that their stubs do not give away."""
+    found = {}
+    for k in katas:
+        reference = (manifest.REPO_ROOT / k.solution).read_text(encoding="utf-8")
+        given = bodies((manifest.REPO_ROOT / k.stub).read_text(encoding="utf-8"))
+        variants = [(reference, k.solution)] + [(m.apply(reference), f"mistake {m.name!r}") for m in mistakes.catalogue(k.id)]
+        for source, where in variants:
+            found.update({dump: f"{where}: {name}" for dump, name in bodies(source).items() if dump not in given})
+    for path in (manifest.PACKAGE_DIR / "mistakes").glob("*.py"):
+        found.update({dump: f"{path.name}: {name}" for dump, name in bodies(path.read_text(encoding="utf-8")).items()})
+    return found
+
+
+def leaked(folder: Path, katas) -> list[str]:
+    secret = secret_bodies(katas)
+    return [f"{path.relative_to(folder)}: {name} is {secret[dump]}" for path in folder.rglob("*.py")
+            for dump, name in bodies(path.read_text(encoding="utf-8")).items() if dump in secret]
+
+
+@pytest.fixture(scope="module")
+def handout(tmp_path_factory, records) -> Path:
+    out = tmp_path_factory.mktemp("handout") / "level1"
+    handouts.assign(1, str(out))
+    return out
+
+
+def run(folder: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k != "KVKATA_STATE"}
+    environment.update(PYTHONPATH=str(folder), **(env or {}))
+    return subprocess.run([sys.executable, *args], cwd=folder, env=environment, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_handout_names_the_tiled_repeat_and_passes_a_correct_file(handout):
+    k03 = manifest.get("03")
+    reference = (manifest.REPO_ROOT / k03.solution).read_text(encoding="utf-8")
+    tiled = next(m for m in mistakes.catalogue("03") if m.name == "tiled repeat instead of interleave")
+    total = len(checks.for_kata("03").all)
+    (handout / k03.stub).write_text(tiled.apply(reference), encoding="utf-8")
+    wrong = run(handout, "-m", "pytest", "katas/03")
+    out = wrong.stdout + wrong.stderr
+    assert wrong.returncode == 1 and f"public checks: {total} of {total}" in out, out[-3000:]
+    assert "this looks like a known mistake: tiled repeat instead of interleave" in out and "Traceback" not in out
+    (handout / k03.stub).write_text(reference, encoding="utf-8")
+    right = run(handout, "-m", "pytest", "katas/03")
+    assert right.returncode == 0 and f"{total} passed" in right.stdout, right.stdout[-3000:]
+    checked = run(handout, "-m", "grader.cli", "check", "03")
+    assert checked.returncode == 0 and f"{total}/{total} checks pass" in checked.stdout, checked.stdout
+    shutil.copyfile(manifest.REPO_ROOT / k03.stub, handout / k03.stub)
+
+
+def test_a_notebook_check_cell_in_a_handout_runs_the_public_checks(handout):
+    k01 = manifest.get("01")
+    cell = (f"ns = {{}}; exec(open({str(manifest.REPO_ROOT / k01.solution)!r}).read(), ns)\n"
+            "from grader.grade import report_namespace\nreport_namespace('01', ns, 'cpu')")
+    ran = run(handout, "-c", cell, env={"KVKATA_STATE": str(handout / ".state")})
+    total = len(checks.for_kata("01").all)
+    assert ran.returncode == 0 and f"{total}/{total} checks pass" in ran.stdout, ran.stdout + ran.stderr
+    assert "public checks:" in ran.stdout
+
+
+def test_the_handout_readme_prints_each_katas_catch_share(handout, records):
+    text = (handout / "README.md").read_text(encoding="utf-8")
+    assert "cannot be graded" not in text
+    for k in handouts.katas_for(1):
+        share = tape.share(records[k.id])
+        row = re.search(rf"(?m)^\| {k.id} .*\| (\d+) of (\d+) \| (\d+) of (\d+) \((\d+)%\) \|$", text)
+        assert row, k.id
+        assert [int(g) for g in row.groups()[:4]] == [share["public"], share["checks"], share["caught"], share["mistakes"]]
+        assert int(row.group(5)) >= 100 * GOAL
+
+
+def test_a_handout_holds_no_reference_code(handout, tmp_path):
+    assert not (handout / "solutions").exists() and not (handout / "grader" / "mistakes").exists()
+    assert not leaked(handout, handouts.katas_for(1))
+    everything = handouts.katas_for(max(k.level for k in KATAS))  # the grader of the largest handout
+    handouts._copy_grader(tmp_path / "grader", everything)
+    assert not leaked(tmp_path, everything)
+    assert leaked(manifest.REPO_ROOT / "solutions", everything), "the test must be able to fail"
+
+
+def test_the_classroom_workflow_runs_the_public_checks(handout, tmp_path):
+    flow = yaml.safe_load((handout / ".github" / "workflows" / "classroom.yml").read_text(encoding="utf-8"))
+    assert "push" in flow[True] or "push" in flow.get("on", {})  # YAML 1.1 reads the key `on` as True
+    steps = flow["jobs"]["public-checks"]["steps"]
+    command = steps[-1]["run"]
+    assert command.startswith("kvkata check ") and "$GITHUB_STEP_SUMMARY" in command
+    assert any("pip install -e ." in step.get("run", "") for step in steps)
+    args = command.split()[1:]
+    summary = tmp_path / "summary.md"
+    args[args.index('"$GITHUB_STEP_SUMMARY"')] = str(summary)
+    level1 = handouts.katas_for(1)
+    failing = run(handout, "-m", "grader.cli", *args, env={"KVKATA_STATE": str(tmp_path / "state")})
+    lines = [line for line in summary.read_text(encoding="utf-8").splitlines() if line.startswith("- ")]
+    assert failing.returncode == 1 and len(lines) == len(level1) and all("❌" in line for line in lines), lines
+    for k in level1:
+        shutil.copyfile(manifest.REPO_ROOT / k.solution, handout / k.stub)
+    summary.unlink()
+    passing = run(handout, "-m", "grader.cli", *args, env={"KVKATA_STATE": str(tmp_path / "state")})
+    lines = [line for line in summary.read_text(encoding="utf-8").splitlines() if line.startswith("- ")]
+    assert passing.returncode == 0 and len(lines) == len(level1) and all("✅" in line for line in lines), lines
+    for k in level1:
+        shutil.copyfile(manifest.REPO_ROOT / k.stub, handout / k.stub)
+    bare = tmp_path / "bare"
+    handouts.assign(1, str(bare), only=True, ci=False)
+    assert not (bare / ".github").exists() and "GitHub Classroom" not in (bare / "README.md").read_text()
