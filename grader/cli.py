@@ -185,7 +185,6 @@ def cmd_assign(args) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    say("recording each kata's public checks: the reference and every known mistake on the public inputs")
     print(handouts.assign(args.level, args.out, args.only, args.force, ci=not args.no_ci, say=say))
     return 0
 

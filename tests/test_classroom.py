@@ -85,25 +85,30 @@ SUBMISSIONS = {  # one worker each, so as few as cover every way a submission ca
 def test_assign_writes_a_handout_without_solutions(tmp_path):
     repo = copy_repo(tmp_path / "repo")
     out = tmp_path / "handout"
-    made = kvkata(repo, "assign", "--level", "1", "--out", str(out))
+    made = kvkata(repo, "assign", "--level", "1", "--out", str(out), "--no-ci")
     assert made.returncode == 0, made.stderr
+    assert "recording known mistake" in made.stderr  # progress, while the public records are made
     level1 = [k for k in KATAS if k.level <= 1]
     assert sorted(p.name for p in (out / "katas").iterdir()) == [k.id for k in level1]
     for k in level1:
         assert (out / k.stub).read_text() == (repo / k.stub).read_text() and (out / k.readme).is_file()
         assert (out / k.notebook).is_file() == (repo / k.notebook).is_file()
+        assert (out / "grader" / "public" / f"{k.id}.pt").is_file()
     assert not (out / "solutions").exists() and (out / "grader" / "cli.py").is_file()
-    assert [p.name for p in (out / "grader" / "mistakes").glob("*.py")] == ["__init__.py"]
-    assert "cannot be graded here" in (out / "README.md").read_text()
+    assert not (out / "grader" / "mistakes").exists() and not (out / ".github").exists()
+    assert "public inputs" in (out / "README.md").read_text()
     usage_error(kvkata(repo, "assign", "--level", "1", "--out", str(out)), "--force")
 
     only = kvkata(repo, "assign", "--level", "2", "--only", "--out", str(out), "--force")
     assert only.returncode == 0 and sorted(p.name for p in (out / "katas").iterdir()) == [k.id for k in KATAS if k.level == 2]
+    assert (out / ".github" / "workflows" / "classroom.yml").is_file()
     ran = subprocess.run([sys.executable, "-m", "pytest", "katas"], cwd=out, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(out)}, timeout=120)
-    assert ran.returncode != 0 and "this is a handout" in ran.stdout + ran.stderr
+                         env={**os.environ, "PYTHONPATH": str(out)}, timeout=300)
+    assert ran.returncode == 1 and "public checks:" in ran.stdout and "not implemented yet" in ran.stdout, ran.stdout[-2000:]
     assert "Traceback" not in ran.stdout + ran.stderr
-    usage_error(kvkata(out, "check", next(k.id for k in KATAS if k.level == 2)), "no reference solution")
+    first = next(k for k in KATAS if k.level == 2)
+    checked = kvkata(out, "check", first.id)
+    assert checked.returncode == 1 and "0/" in checked.stdout, checked.stdout + checked.stderr
 
 
 @pytest.fixture(scope="module")

@@ -153,6 +153,8 @@ def record_public(dest: Path, katas: list[manifest.Kata], say=None) -> dict[str,
     from grader.classroom import tape
 
     shares = {}
+    if say:
+        say("recording each kata's public checks: the reference and every known mistake on the public inputs")
     for k in katas:
         started = time.monotonic()
         data = tape.record(k.id, progress=say)
