@@ -72,6 +72,7 @@ def build(level: int, out: str, only: bool = False, visibility: str = "visible",
         if value not in VISIBILITY:
             raise UsageError(f"{name} {value}: expected one of {', '.join(VISIBILITY)}")
     katas = handouts.katas_for(level, only)
+    handouts.require_solutions(katas, "an autograder")
     dest = Path(out).resolve()
     settings = {"level": level, "only": only, "katas": [k.id for k in katas], "visibility": visibility,
                 "stdout_visibility": stdout_visibility, "timeout": timeout, "memory_mb": memory_mb}

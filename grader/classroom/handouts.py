@@ -114,6 +114,12 @@ def katas_for(level: int, only: bool = False) -> list[manifest.Kata]:
     return chosen
 
 
+def require_solutions(katas: list[manifest.Kata], what: str) -> None:
+    missing = [k.solution for k in katas if not (manifest.REPO_ROOT / k.solution).is_file()]
+    if missing:
+        raise UsageError(f"no reference solution here ({', '.join(missing)}): {what} is made from the full repository")
+
+
 # -- assign ---------------------------------------------------------------------------------
 def manifest_text(ids: set[str]) -> str:
     """The manifest with only the handout's katas (their follow-ups stay with them)."""
@@ -177,9 +183,7 @@ def _share_line(k: manifest.Kata, share: dict) -> str:
 def assign(level: int, out: str | None, only: bool = False, force: bool = False, ci: bool = True, say=None) -> str:
     """Write a handout of the level's katas to ``out``; what was written, to print. ``say`` hears progress."""
     katas = katas_for(level, only)
-    missing = [k.solution for k in katas if not (manifest.REPO_ROOT / k.solution).is_file()]
-    if missing:
-        raise UsageError(f"no reference solution here ({', '.join(missing)}): a handout is made from the full repository")
+    require_solutions(katas, "a handout")
     dest = Path(out or f"handout-level{level}").resolve()
     if dest == manifest.REPO_ROOT or manifest.REPO_ROOT.is_relative_to(dest) or dest.is_relative_to(manifest.PACKAGE_DIR):
         raise UsageError(f"--out {dest}: that would overwrite the repository itself; choose another folder")
