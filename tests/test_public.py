@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from grader import checks, diagnosis, manifest, mistakes, targets
@@ -34,9 +35,13 @@ UNKNOWN_CASES = [(kata, name) for kata, bugs in UNKNOWN.items() for name in bugs
 
 
 @pytest.fixture(scope="module")
-def records() -> dict[str, dict]:
-    """Every kata's public record, made once (as ``kvkata assign`` makes them)."""
-    return {k.id: tape.record(k.id) for k in KATAS}
+def records(tmp_path_factory) -> dict[str, dict]:
+    """Every kata's public record, made once (as ``kvkata assign`` makes them), saved and read back
+    as a handout reads it."""
+    folder = tmp_path_factory.mktemp("records")
+    for k in KATAS:
+        tape.save(folder / f"{k.id}.pt", tape.record(k.id))
+    return {k.id: torch.load(folder / f"{k.id}.pt", weights_only=True) for k in KATAS}
 
 
 def graded(kata_id: str, target, record: dict) -> list:
