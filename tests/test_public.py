@@ -172,6 +172,8 @@ def test_a_notebook_check_cell_in_a_handout_runs_the_public_checks(handout):
     total = len(checks.for_kata("01").all)
     assert ran.returncode == 0 and f"{total}/{total} checks pass" in ran.stdout, ran.stdout + ran.stderr
     assert "public checks:" in ran.stdout
+    picture = run(handout, "-c", "from grader.pictures import plot_memory\nassert plot_memory() is None")
+    assert picture.returncode == 0 and "does not hold (a handout)" in picture.stdout, picture.stdout + picture.stderr
 
 
 def test_the_handout_readme_prints_each_katas_catch_share(handout, records):
