@@ -155,9 +155,6 @@ class Ctx:
         number = self.calls
         seen = self.seen.setdefault(number, [])
 
-        @self.hypothesis_settings(max_examples, (Phase.explicit, Phase.generate, Phase.shrink))
-        @seed(self.seed)
-        @given(strategy)
         def run(example):
             if seen and seen[-1][1] is not None:  # shrinking
                 return run_body(ctx, body, example)
@@ -169,7 +166,13 @@ class Ctx:
             seen.append((example, None))
 
         with same_draws(), _site(number):
-            run()
+            self.explore(strategy, run, max_examples)
+
+    def explore(self, strategy: st.SearchStrategy, test: Callable, max_examples: int) -> None:
+        """Hypothesis runs ``test(example)`` on inputs drawn from ``strategy``, shrinks the first failure and
+        raises it (the classroom's replay walks remembered runs instead, grader.classroom.traces)."""
+        phases = (Phase.explicit, Phase.generate, Phase.shrink)
+        self.hypothesis_settings(max_examples, phases)(seed(self.seed)(given(strategy)(test)))()
 
     def hypothesis_settings(self, max_examples: int, phases) -> settings:
         """How ``forall`` runs Hypothesis (grader.diagnosis draws the same examples again with it)."""

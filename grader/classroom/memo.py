@@ -7,10 +7,12 @@ so the reference's answer to a ``ctx.differential`` depends only on where it was
     (reference, device, seed, check, forall/case call number, the differential's input, its index
      within the body, the ``run`` function's code and its ``what``)
 
-provided the body had not used the learner's results before asking (a result could steer what
-the body asks next). Contexts ask ``Memo.output`` with such a key, or with None where that does
+provided no result of the learner's code had reached the check before it asked (a result could
+steer what it asks next): in a replay, no learner's function replayed in the check so far; for a
+known mistake, which runs one body, none of its names used outside a differential. Contexts ask ``Memo.output`` with such a key, or with None where that does
 not hold; what is handed out is always a copy, so nothing a check does to it changes the memory.
-The memory lives in the trusted judging process only, never in a worker.
+A Memo also keeps Hypothesis' runs of the replays (``runs``, grader.classroom.traces). It lives in
+a trusted judging process only, never in a worker.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from grader.classroom import traces
 from grader.engine import Ctx
 from grader.targets import Target
 
@@ -27,13 +30,15 @@ BUDGET = 512 * 2**20  # bytes of tensors remembered at most; the least recently 
 
 
 class Memo:
-    """Outputs of the reference by key (see the module's docstring), least recently used forgotten first."""
+    """A judging process' memory: the reference's outputs by key (see the module's docstring), least
+    recently used forgotten first, and Hypothesis' runs by forall call site."""
 
     def __init__(self, budget: int = BUDGET):
         self.budget = budget
         self.entries: collections.OrderedDict = collections.OrderedDict()  # key -> (value, bytes)
         self.bytes = 0
         self.hits = self.misses = 0
+        self.runs = traces.Runs()  # Hypothesis' runs, by forall call site (grader.classroom.traces)
 
     def output(self, key, compute: Callable):
         """A copy of what ``compute()`` returned for ``key``, computed now if not remembered (always

@@ -18,6 +18,7 @@ import torch
 from grader import report
 from grader.engine import UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet, Unrecorded
 from grader.classroom import memo as memory
+from grader.classroom import traces
 from grader.classroom.plain import Replayed, is_data, opaque, rebuild_exception
 from grader.engine import same_draws
 from grader.classroom.record import example_key, is_function
@@ -37,6 +38,7 @@ class ReplayCtx(Ctx):
         super().__init__(Target(label, label, {}), reference, device, seed)
         self.memo = memo  # the reference's outputs remembered across the cohort (grader.classroom.memo), or None
         self.steered = False  # a learner's function was replayed in this check: its results may steer what follows
+        self.tracer: traces.Tracer | None = None  # the forall going on, where runs are remembered
         self.executions = executions
         self.cursor: _Cursor | None = None
         self.failing = False
@@ -48,11 +50,32 @@ class ReplayCtx(Ctx):
     def forall(self, strategy, body, max_examples: int = 20) -> None:
         self.failing = False
         number, replayed = self._replayed(body)
-        # Once an input fails, Hypothesis shrinks; an input the learner's process never saw is no candidate.
-        seen = strategy.filter(lambda ex: not self.failing or example_key(number, ex) in self.executions
-                               or example_key(number, ex) in self.unrecorded)
+
+        def admitted(ex) -> bool:
+            """Once an input fails, Hypothesis shrinks; an input the learner's process never saw is no candidate."""
+            if not self.failing:
+                return True
+            key = example_key(number, ex)
+            return key in self.executions or key in self.unrecorded
+        self.tracer = None if self.memo is None else traces.Tracer(
+            self.memo.runs, (self.reference.filename, str(self.device), self.seed, self.examples_scale, self.running,
+                             number, max_examples), admitted)
+        seen = strategy.filter(admitted if self.tracer is None else self.tracer.admit)
         with same_draws():
             super().forall(seen, replayed, max_examples)
+
+    def explore(self, strategy, test, max_examples: int) -> None:
+        """Hypothesis' run, or the walk of a remembered one (grader.classroom.traces)."""
+        tracer, self.tracer = self.tracer, None
+        if tracer is None:
+            return super().explore(strategy, test, max_examples)
+        seen = self.seen.get(self.calls, [])
+        kept = (self.failing, set(self.unrecorded), self.steered, list(seen))
+
+        def undo() -> None:
+            self.failing, self.unrecorded, self.steered = kept[0], set(kept[1]), kept[2]
+            seen[:] = kept[3]
+        tracer.explore(test, lambda logged: Ctx.explore(self, strategy, logged, max_examples), undo)
 
     def case(self, example: dict, body) -> None:
         self.failing = False
@@ -139,7 +162,7 @@ class ReplayCtx(Ctx):
         self.compare(example, expected, copy.deepcopy(recorded), what)
 
     def expected(self, example: dict, run, what: str = ""):
-        """The reference's output, from the memo where the body has not used a learner's result so far."""
+        """The reference's output, from the memo while no learner's result has reached the check."""
         if self.memo is None:
             return super().expected(example, run, what)
         cursor, remembered = self.cursor, None
