@@ -26,7 +26,7 @@ from grader.classroom import traces
 from grader.engine import Ctx
 from grader.targets import Target
 
-BUDGET = 512 * 2**20  # bytes of tensors remembered at most; the least recently used go first
+BUDGET = 256 * 2**20  # bytes of tensors remembered at most, per judging process; the least recently used go first
 
 
 class Memo:

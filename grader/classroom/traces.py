@@ -15,7 +15,9 @@ after all, and its calls join the tree. A walk ends as the run it follows ended:
 raising what one of its calls raised — a Failure or NotImplementedYet, whose traceback nobody
 reads; a run that ended otherwise is not remembered. A new run that disagrees with the tree
 about which call comes next (Hypothesis not behaving as a function of the answers) stops all
-walking at that site.
+walking at that site. A walk makes its calls outside Hypothesis: they run only the grader's and
+the reference's code, which draw with torch generators of their own, never with the global ones
+Hypothesis seeds for each test case, nor with its build context.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Callable
 from grader.engine import Failure, NotImplementedYet
 
 ENDINGS = (Failure, NotImplementedYet)  # what a walked run may end by raising
-CALLS = 500_000  # calls remembered at most, every site together; beyond that all are forgotten
+CALLS = 200_000  # calls remembered at most, every site together; beyond that all are forgotten
 _UNKNOWN = object()
 
 
