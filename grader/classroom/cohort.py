@@ -47,7 +47,7 @@ class Settings:
     jobs: int = 1
     warm: bool = "forkserver" in multiprocessing.get_all_start_methods()  # fork workers from a warm server
     judges: int | None = None  # judge processes when warm (grader.classroom.judging); None: one per job; 0: judge here
-    remember: bool = True  # remember the reference's outputs across the cohort (grader.classroom.memo)
+    remember: bool = True  # judges remember the reference's outputs and Hypothesis' runs (grader.classroom.memo)
 
 
 @dataclass

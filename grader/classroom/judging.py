@@ -6,9 +6,10 @@ than running a submission, so one thread judging after the other would leave the
 and the machine half used. Judge processes are forked from the warm server that forks the
 workers (grader.classroom.cohort.start_server): they never run learner code, only read the
 records the workers wrote, as this process does, so forking them from it is safe. Each keeps the
-reference's outputs it has computed (grader.classroom.memo) for the rows it judges next. Should
-a judge process die, the rows it had are judged here instead; a row never depends on where it
-was judged.
+reference's outputs it has computed and the Hypothesis runs it has replayed (grader.classroom.memo)
+for the rows it judges next, and uses one torch thread: two judges' worth of intra-op threads
+fighting the workers for two cores made each small op take milliseconds. Should a judge process
+die, the rows it had are judged here instead; a row never depends on where it was judged.
 """
 from __future__ import annotations
 

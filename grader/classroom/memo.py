@@ -9,8 +9,9 @@ so the reference's answer to a ``ctx.differential`` depends only on where it was
 
 provided no result of the learner's code had reached the check before it asked (a result could
 steer what it asks next): in a replay, no learner's function replayed in the check so far; for a
-known mistake, which runs one body, none of its names used outside a differential. Contexts ask ``Memo.output`` with such a key, or with None where that does
-not hold; what is handed out is always a copy, so nothing a check does to it changes the memory.
+known mistake, which runs one body, none of its names used outside a differential. Contexts ask
+``Memo.output`` with such a key, or with None where that does not hold; what is handed out is
+always a copy, so nothing a check does to it changes the memory.
 A Memo also keeps Hypothesis' runs of the replays (``runs``, grader.classroom.traces). It lives in
 a trusted judging process only, never in a worker.
 """
