@@ -156,7 +156,7 @@ def start_server(katas: list[manifest.Kata]) -> None:
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [WORKER, "grader.classroom.record", *[f"grader.checks.k{k.id}" for k in katas]])
+        [WORKER, "grader.classroom.record", *[f"grader.checks.k{k.id}" for k in katas], "grader.classroom.server"])
     fixed = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with _environ(fixed):
         forkserver.ensure_running()
