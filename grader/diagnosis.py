@@ -227,7 +227,8 @@ def theirs(ctx: Ctx, mistake, target, check_id: str, site_number: int, body: Cal
     if key not in _THEIRS:
         if len(_THEIRS) >= REMEMBERED:
             _THEIRS.clear()
-        _THEIRS[key] = outcome(ctx.with_target(target), body, example, seconds)
+        site = (check_id, site_number) if site_number else None
+        _THEIRS[key] = outcome(ctx.with_target(target, site), body, example, seconds)
     return _THEIRS[key]
 
 

@@ -142,7 +142,9 @@ class Ctx:
         # call's first failure (what shrinking tries next is not recorded: it differs between processes)
         self.seen: dict[int, list[tuple[object, Failure | None]]] = {}
 
-    def with_target(self, target: Target) -> "Ctx":
+    def with_target(self, target: Target, site: tuple[str, int] | None = None) -> "Ctx":
+        """A context for ``target``; ``site`` (check id, forall/case call number): the one body it will run,
+        for contexts that remember the reference's outputs (grader.classroom.memo)."""
         return Ctx(target, self.reference, self.device, self.seed, self.examples_scale)
 
     # -- drawing inputs -------------------------------------------------------------------
@@ -153,9 +155,6 @@ class Ctx:
         number = self.calls
         seen = self.seen.setdefault(number, [])
 
-        @self.hypothesis_settings(max_examples, (Phase.explicit, Phase.generate, Phase.shrink))
-        @seed(self.seed)
-        @given(strategy)
         def run(example):
             if seen and seen[-1][1] is not None:  # shrinking
                 return run_body(ctx, body, example)
@@ -167,7 +166,13 @@ class Ctx:
             seen.append((example, None))
 
         with same_draws(), _site(number):
-            run()
+            self.explore(strategy, run, max_examples)
+
+    def explore(self, strategy: st.SearchStrategy, test: Callable, max_examples: int) -> None:
+        """Hypothesis runs ``test(example)`` on inputs drawn from ``strategy``, shrinks the first failure and
+        raises it (the classroom's replay walks remembered runs instead, grader.classroom.traces)."""
+        phases = (Phase.explicit, Phase.generate, Phase.shrink)
+        self.hypothesis_settings(max_examples, phases)(seed(self.seed)(given(strategy)(test)))()
 
     def hypothesis_settings(self, max_examples: int, phases) -> settings:
         """How ``forall`` runs Hypothesis (grader.diagnosis draws the same examples again with it)."""
@@ -193,11 +198,18 @@ class Ctx:
     # -- comparing --------------------------------------------------------------------------
     def differential(self, example: dict, run: Callable, what: str = "") -> None:
         """Run ``run(api, example)`` on the reference and on the target; compare what they return."""
+        expected = self.expected(example, run, what)
+        self.compare(example, expected, run(self.t, example), what)
+
+    def expected(self, example: dict, run: Callable, what: str = ""):
+        """``run(api, example)`` on the reference (the classroom's contexts remember it, grader.classroom.memo)."""
         try:
-            expected = run(self.ref, example)
+            return run(self.ref, example)
         except BaseException as exc:
             raise GraderBug(f"the reference failed on {report.describe_input(example)}: {exc!r}") from exc
-        got = run(self.t, example)
+
+    def compare(self, example: dict, expected, got, what: str = "") -> None:
+        """Fail, with ``got`` as what was observed, unless it matches ``expected``."""
         problem = report.compare(expected, got)
         if problem:
             head = f"{what}\n  " if what else ""

@@ -13,6 +13,7 @@ import sys
 from xml.etree import ElementTree as ET
 
 import pytest
+import torch
 
 from grader import checks, grade, manifest, mistakes, targets
 from grader.classroom import plain
@@ -179,9 +180,9 @@ def _record(target) -> list[dict]:
     return out
 
 
-def _replay(records) -> list:
+def _replay(records, memo=None) -> list:
     reference, known = targets.reference(K01), mistakes.load("01")
-    return [run_check(c, ReplayCtx(r["executions"], K01.stub, reference, "cpu"), known, 60)
+    return [run_check(c, ReplayCtx(r["executions"], K01.stub, reference, "cpu", memo=memo), known, 60)
             for c, r in zip(checks.for_kata("01").all, records)]
 
 
@@ -199,6 +200,23 @@ def test_replay_agrees_with_in_process_grading(name, tmp_path):
     assert [r.status for r in replayed] == [r.status for r in direct]
     if name not in ("reference", "stub"):
         assert any(name in r.diagnoses for r in replayed)
+
+
+def test_replay_that_remembers_judges_alike():
+    """One memory (the reference's outputs and Hypothesis' runs, grader.classroom.memo) shared by the
+    replays of several submissions, each replayed twice, changes no result; what it hands out is a copy."""
+    from grader.classroom.memo import Memo
+
+    memo, named = Memo(), dict((m.name, t) for m, t in mistakes.load("01"))
+    for target in [targets.reference(K01), targets.stub(K01), named[MISTAKE.name], named[SCALE.name]]:
+        records = _record(target)
+        plain = [(r.status, r.message, r.diagnoses) for r in _replay(records)]
+        for _ in range(2):
+            assert [(r.status, r.message, r.diagnoses) for r in _replay(records, memo)] == plain
+    assert memo.hits and memo.runs.walked and not memo.runs.untrusted
+    given = memo.output("key", lambda: {"K": torch.zeros(2)})
+    given["K"] += 1
+    assert memo.output("key", lambda: None)["K"].sum() == 0
 
 
 def test_a_forged_record_never_passes(tmp_path):
@@ -244,6 +262,22 @@ def test_the_default_memory_budget_is_the_students_not_torchs(tmp_path):
     assert any("allocate" in c["message"] for c in row["checks"]), [c["message"][:200] for c in row["checks"]]
     fine = _grade_one(tmp_path / "fine", REFERENCE, timeout=30)
     assert fine["status"] == "pass", fine["note"]
+
+
+def test_judge_processes_that_remember_give_the_same_rows_as_judging_here(graded):
+    """``kvkata grade`` judges in processes forked from the warm server, remembering the reference's
+    outputs and Hypothesis' runs; judging one row after the other here, remembering nothing, gives
+    the same rows, hostile code included (all but the seconds the workers took)."""
+    from grader.classroom import cohort, grading
+
+    _, _, data, tmp = graded
+    assert data["settings"]["judges"] is None and data["settings"]["remember"] and data["settings"]["warm"]
+    names = ["mistake", "liar", "tamperer", "copier", "exits", "memory", "flood", "untouched"]
+    jobs = grading.jobs_for([str(tmp / name) for name in names], None, False)
+    jobs.append(jobs[0])  # the same submission again: judged from what was remembered
+    fast = cohort.grade_all(jobs, cohort.Settings(jobs=2, timeout=10, memory_mb=2048))
+    plain = cohort.grade_all(jobs, cohort.Settings(jobs=2, timeout=10, memory_mb=2048, judges=0, remember=False))
+    assert [{**r, "seconds": 0} for r in fast] == [{**r, "seconds": 0} for r in plain]
 
 
 def test_fresh_workers_give_the_same_rows_as_warm_ones(graded):

@@ -7,5 +7,7 @@
     worker          the learner's side, in the sandbox: record what the code returns (record)
     judge, replay   the grader's side: replay the records against the reference, name mistakes
     plain           the plain data that crosses between the two
+    judging         judge processes forked from the warm server, judging rows as workers finish
+    memo, traces    a judging process' memory: the reference's outputs, Hypothesis' runs
     autograder      ``kvkata autograder``: the same grading as a Gradescope autograder
 """

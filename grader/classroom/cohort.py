@@ -5,14 +5,15 @@ limit, a memory limit and an audit hook, in parallel, in a sandbox folder holdin
 submitted file. Workers are forked from a warm server that has imported torch and the grader once
 (multiprocessing's forkserver), so a worker costs a fork instead of a Python start and a torch
 import; each one still gets its own process, session, folder, limits and audit hook, all applied
-after the fork. Where there is no forkserver (Windows), each worker is a fresh interpreter. The worker only records what the learner's code did; this process — which never
-runs learner code — replays the records against the reference (grader.classroom.replay) and makes the row.
+after the fork. Where there is no forkserver (Windows), each worker is a fresh interpreter. The
+worker only records what the learner's code did; processes that never run learner code replay the
+records against the reference (grader.classroom.replay) and make the rows: judge processes forked
+from the same warm server while the workers go on, or this one (grader.classroom.judging).
 A worker that hangs, crashes, exits, floods its output or tampers with the grader gets an honest
 failing row; no worker can change another row or stop the run.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import importlib
 import json
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,8 @@ class Settings:
     file_mb: int = 64  # the largest file a worker may write
     jobs: int = 1
     warm: bool = "forkserver" in multiprocessing.get_all_start_methods()  # fork workers from a warm server
+    judges: int | None = None  # judge processes when warm (grader.classroom.judging); None: one per job; 0: judge here
+    remember: bool = True  # judges remember the reference's outputs and Hypothesis' runs (grader.classroom.memo)
 
 
 @dataclass
@@ -153,7 +156,7 @@ def start_server(katas: list[manifest.Kata]) -> None:
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [WORKER, "grader.classroom.record", *[f"grader.checks.k{k.id}" for k in katas]])
+        [WORKER, "grader.classroom.record", *[f"grader.checks.k{k.id}" for k in katas], "grader.classroom.server"])
     fixed = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with _environ(fixed):
         forkserver.ensure_running()
@@ -226,9 +229,9 @@ def kill(proc) -> None:
 
 # -- rows -----------------------------------------------------------------------------------
 def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
-    """One row per job, in the order of ``jobs``; workers run ``settings.jobs`` at a time and
-    this thread judges each as it finishes."""
-    from grader.classroom import judge
+    """One row per job, in the order of ``jobs``; workers run ``settings.jobs`` at a time, and
+    each is judged as it finishes (grader.classroom.judging)."""
+    from grader.classroom import judge, judging
 
     roots = sorted({j.root.resolve() for j in jobs})
     if settings.warm:
@@ -237,23 +240,20 @@ def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
     rows: dict[int, dict] = {}
     live: set = set()
     try:
-        with ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool:
-            futures = {}
+        with ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool, judging.Judges(settings) as judges:
             for i, job in enumerate(jobs):
                 if job.file is None:
                     rows[i] = judge.missing_row(job)
                     _tell(progress, len(rows), len(jobs), rows[i])
                 else:
-                    futures[pool.submit(run_worker, job, i, workdir, roots, settings, live)] = i
+                    pool.submit(run_worker, job, i, workdir, roots, settings, live).add_done_callback(judges.ran(i))
             try:
-                for future in as_completed(futures):
-                    i = futures[future]
-                    try:
-                        rows[i] = judge.row(future.result(), settings)
-                    except Exception as exc:  # a grader bug stops this row, never the run
-                        rows[i] = judge.broken_row(jobs[i], exc)
-                    _tell(progress, len(rows), len(jobs), rows[i])
+                while len(rows) < len(jobs):
+                    i, row = judges.next_row(jobs)
+                    rows[i] = row
+                    _tell(progress, len(rows), len(jobs), row)
             except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
                 for proc in list(live):
                     kill(proc)
                 raise
@@ -270,39 +270,3 @@ def _tell(progress, done: int, total: int, row: dict) -> None:
         width = len(str(total))
         progress(f"[{done:>{width}}/{total}] {row['submission']} · kata {row['kata']}: {row['status']} "
                  f"{row['passed']}/{row['total']} ({row['seconds']:.1f} s)" + (f" — {row['note']}" if row['note'] else ""))
-
-
-def summary(rows: list[dict]) -> str:
-    """The cohort at a glance: a table of submissions × katas, then per check how many failed it,
-    then the commonest diagnoses."""
-    katas = list(dict.fromkeys(r["kata"] for r in rows))
-    subs = list(dict.fromkeys(r["submission"] for r in rows))
-    cell = {(r["submission"], r["kata"]): r for r in rows}
-    width = max([len("submission")] + [len(s) for s in subs])
-    lines = [f"{'submission':<{width}}  " + "  ".join(f"{'kata ' + k:>13}" for k in katas)]
-    for s in subs:
-        marks = []
-        for k in katas:
-            r = cell.get((s, k))
-            marks.append(f"{(r['status'] + ' ' + str(r['passed']) + '/' + str(r['total'])) if r else '-':>13}")
-        lines.append(f"{s:<{width}}  " + "  ".join(marks))
-    failed = collections.Counter()
-    titles, graded = {}, collections.Counter()
-    for r in rows:
-        if r["status"] == "not-started":  # nothing was submitted for this kata: no check to count
-            continue
-        for c in r["checks"]:
-            titles[(r["kata"], c["id"])] = c["title"]
-            graded[(r["kata"], c["id"])] += 1
-            failed[(r["kata"], c["id"])] += c["status"] != "pass"
-    lines += ["", "checks failed (by how many of the submissions that attempted the kata):"]
-    for key in sorted(titles, key=lambda k: -failed[k]):
-        if failed[key]:
-            lines.append(f"  kata {key[0]} · {titles[key]}: {failed[key]} of {graded[key]}")
-    if not any(failed.values()):
-        lines.append("  none")
-    diagnoses = collections.Counter(d for r in rows for d in {d for c in r["checks"] for d in c["diagnoses"]})
-    lines += ["", "commonest diagnoses (submission × kata pairs showing each):"]
-    lines += [f"  {n}× {name}" for name, n in diagnoses.most_common(10)] or ["  none"]
-    return "\n".join(lines)
-

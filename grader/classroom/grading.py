@@ -2,6 +2,7 @@
 and written out as CSV, JSON and JUnit reports, with the cohort summary."""
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
@@ -91,4 +92,40 @@ def grade(paths: list[str], settings: cohort.Settings, level: int | None = None,
             write(rows, Path(path))
     if json_path:
         write_json(rows, Path(json_path), settings)
-    return cohort.summary(rows)
+    return summary(rows)
+
+
+def summary(rows: list[dict]) -> str:
+    """The cohort at a glance: a table of submissions × katas, then per check how many failed it,
+    then the commonest diagnoses."""
+    katas = list(dict.fromkeys(r["kata"] for r in rows))
+    subs = list(dict.fromkeys(r["submission"] for r in rows))
+    cell = {(r["submission"], r["kata"]): r for r in rows}
+    width = max([len("submission")] + [len(s) for s in subs])
+    lines = [f"{'submission':<{width}}  " + "  ".join(f"{'kata ' + k:>13}" for k in katas)]
+    for s in subs:
+        marks = []
+        for k in katas:
+            r = cell.get((s, k))
+            marks.append(f"{(r['status'] + ' ' + str(r['passed']) + '/' + str(r['total'])) if r else '-':>13}")
+        lines.append(f"{s:<{width}}  " + "  ".join(marks))
+    failed = collections.Counter()
+    titles, graded = {}, collections.Counter()
+    for r in rows:
+        if r["status"] == "not-started":  # nothing was submitted for this kata: no check to count
+            continue
+        for c in r["checks"]:
+            titles[(r["kata"], c["id"])] = c["title"]
+            graded[(r["kata"], c["id"])] += 1
+            failed[(r["kata"], c["id"])] += c["status"] != "pass"
+    lines += ["", "checks failed (by how many of the submissions that attempted the kata):"]
+    for key in sorted(titles, key=lambda k: -failed[k]):
+        if failed[key]:
+            lines.append(f"  kata {key[0]} · {titles[key]}: {failed[key]} of {graded[key]}")
+    if not any(failed.values()):
+        lines.append("  none")
+    diagnoses = collections.Counter(d for r in rows for d in {d for c in r["checks"] for d in c["diagnoses"]})
+    lines += ["", "commonest diagnoses (submission × kata pairs showing each):"]
+    lines += [f"  {n}× {name}" for name, n in diagnoses.most_common(10)] or ["  none"]
+    return "\n".join(lines)
+

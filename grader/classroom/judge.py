@@ -43,15 +43,17 @@ def _read(path):
     return data if isinstance(data, dict) else {"unreadable": "not a record"}
 
 
-def judge_check(check, record: dict, settings, kata: manifest.Kata, others: dict | None = None) -> Result:
+def judge_check(check, record: dict, settings, kata: manifest.Kata, others: dict | None = None,
+                memo=None) -> Result:
     """Replay one check; where replay needs the learner's objects, the worker's verdict stands.
-    ``others``: the records of the kata's other checks by check id, which naming a mistake may consult."""
+    ``others``: the records of the kata's other checks by check id, which naming a mistake may consult;
+    ``memo``: the reference's outputs remembered across the cohort (grader.classroom.memo), or None."""
     status, message = record.get("status"), str(record.get("message", ""))
     if status == "timeout":
         return Result(check, "timeout", message)
     executions = record.get("executions")
     ctx = ReplayCtx(executions if isinstance(executions, dict) else {}, kata.stub, _reference(kata.id),
-                    settings.device, settings.seed)
+                    settings.device, settings.seed, memo)
     ctx.others = {k: v["executions"] for k, v in (others or {}).items() if isinstance(v.get("executions"), dict)}
     try:
         return run_check(check, ctx, mistakes.load(kata.id), None)
@@ -74,7 +76,7 @@ def _how(run) -> str:
     return f"exited with code {code}"
 
 
-def results(run, settings) -> tuple[list[Result], list[str], dict | None, bool]:
+def results(run, settings, memo=None) -> tuple[list[Result], list[str], dict | None, bool]:
     """Every check's result, what tampering was seen, the load error and whether the run finished."""
     kata = run.job.kata
     out = run.sandbox / "out"
@@ -94,7 +96,7 @@ def results(run, settings) -> tuple[list[Result], list[str], dict | None, bool]:
             made.append(Result(check, "fail", UNVERIFIED.format(why=record.get("unreadable", "another check's record"))))
         else:
             found |= _strings(record.get("tamper"))
-            made.append(judge_check(check, record, settings, kata, others))
+            made.append(judge_check(check, record, settings, kata, others, memo))
     if found:
         what = "; ".join(sorted(map(str, found)))[:500]
         made = [Result(r.check, "fail", TAMPERED.format(what=what)) for r in made]
@@ -140,10 +142,10 @@ def _row(job, made: list[Result], status: str, note: str, seconds: float) -> dic
                         "diagnoses": list(r.diagnoses)} for r in made]}
 
 
-def row(run, settings) -> dict:
+def row(run, settings, memo=None) -> dict:
     if not run.started:  # the learner's code never ran: nothing here is the student's doing
         return broken_row(run.job, why=NOT_STARTED.format(why=startup_failure(run)), output=run.output)
-    made, tamper, load, finished = results(run, settings)
+    made, tamper, load, finished = results(run, settings, memo)
     status, note = status_and_note(run, made, tamper, load, finished)
     if run.output_bytes > len(run.output):
         note = (note + "; " if note else "") + f"printed {run.output_bytes} bytes (kept the first {len(run.output)})"

@@ -17,6 +17,8 @@ import torch
 
 from grader import report
 from grader.engine import UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet, Unrecorded
+from grader.classroom import memo as memory
+from grader.classroom import traces
 from grader.classroom.plain import Replayed, is_data, opaque, rebuild_exception
 from grader.engine import same_draws
 from grader.classroom.record import example_key, is_function
@@ -31,8 +33,12 @@ UNREADABLE = "your code returned {what}; results must be plain tensors, numbers,
 class ReplayCtx(Ctx):
     """Runs the checks in a clean process against the record of the learner's run."""
 
-    def __init__(self, executions: dict, label: str, reference: Target, device, seed: int = 0):
+    def __init__(self, executions: dict, label: str, reference: Target, device, seed: int = 0,
+                 memo: memory.Memo | None = None):
         super().__init__(Target(label, label, {}), reference, device, seed)
+        self.memo = memo  # the reference's outputs remembered across the cohort (grader.classroom.memo), or None
+        self.steered = False  # a learner's function was replayed in this check: its results may steer what follows
+        self.tracer: traces.Tracer | None = None  # the forall going on, where runs are remembered
         self.executions = executions
         self.cursor: _Cursor | None = None
         self.failing = False
@@ -44,11 +50,32 @@ class ReplayCtx(Ctx):
     def forall(self, strategy, body, max_examples: int = 20) -> None:
         self.failing = False
         number, replayed = self._replayed(body)
-        # Once an input fails, Hypothesis shrinks; an input the learner's process never saw is no candidate.
-        seen = strategy.filter(lambda ex: not self.failing or example_key(number, ex) in self.executions
-                               or example_key(number, ex) in self.unrecorded)
+
+        def admitted(ex) -> bool:
+            """Once an input fails, Hypothesis shrinks; an input the learner's process never saw is no candidate."""
+            if not self.failing:
+                return True
+            key = example_key(number, ex)
+            return key in self.executions or key in self.unrecorded
+        self.tracer = None if self.memo is None else traces.Tracer(
+            self.memo.runs, (self.reference.filename, str(self.device), self.seed, self.examples_scale, self.running,
+                             number, max_examples), admitted)
+        seen = strategy.filter(admitted if self.tracer is None else self.tracer.admit)
         with same_draws():
             super().forall(seen, replayed, max_examples)
+
+    def explore(self, strategy, test, max_examples: int) -> None:
+        """Hypothesis' run, or the walk of a remembered one (grader.classroom.traces)."""
+        tracer, self.tracer = self.tracer, None
+        if tracer is None:
+            return super().explore(strategy, test, max_examples)
+        seen = self.seen.get(self.calls, [])
+        kept = (self.failing, set(self.unrecorded), self.steered, list(seen))
+
+        def undo() -> None:
+            self.failing, self.unrecorded, self.steered = kept[0], set(kept[1]), kept[2]
+            seen[:] = kept[3]
+        tracer.explore(test, lambda logged: Ctx.explore(self, strategy, logged, max_examples), undo)
 
     def case(self, example: dict, body) -> None:
         self.failing = False
@@ -59,7 +86,7 @@ class ReplayCtx(Ctx):
         executions = self.executions if check == self.running else self.others.get(check)
         if not isinstance(executions, dict):
             executions = {}
-        replayed = self._replay(number, body, executions)
+        replayed = self._replay(number, body, executions, check)
 
         def recorded_only(ctx, example):
             if ctx is self and example_key(number, example) not in executions:
@@ -69,9 +96,9 @@ class ReplayCtx(Ctx):
 
     def _replayed(self, body):
         self.bodies += 1
-        return self.bodies, self._replay(self.bodies, body)
+        return self.bodies, self._replay(self.bodies, body, None, self.running)
 
-    def _replay(self, number: int, body, executions: dict | None = None):
+    def _replay(self, number: int, body, executions: dict | None, check: str):
         def replayed(ctx, example):
             if ctx is not self:  # diagnosing: a known mistake runs the real body
                 return body(ctx, example)
@@ -79,7 +106,7 @@ class ReplayCtx(Ctx):
             if execution is None:
                 self.unrecorded.add(example_key(number, example))
                 self._raise(Failure(NO_RECORD))
-            outer, self.cursor = self.cursor, _Cursor(execution)
+            outer, self.cursor = self.cursor, _Cursor(execution, (str(check), number), self._steer)
             self.t = _ReplayApi(self.cursor, self.reference)
             try:
                 body(ctx, example)
@@ -95,6 +122,14 @@ class ReplayCtx(Ctx):
             finally:
                 self.cursor, self.t = outer, _Sealed()
         return replayed
+
+    def _steer(self) -> None:
+        self.steered = True
+
+    def with_target(self, target: Target, site: tuple[str, int] | None = None) -> Ctx:
+        if self.memo is None:
+            return super().with_target(target, site)
+        return memory.MistakeCtx(target, self, self.memo, site)
 
     def _raise(self, exc: BaseException):
         self.failing = self.failing or isinstance(exc, Failure)
@@ -123,8 +158,17 @@ class ReplayCtx(Ctx):
             head = f"{what}\n  " if what else ""
             raise Failure(f"{head}on input {report.describe_input(example)}\n  {UNREADABLE.format(what=unreadable)}",
                           ("opaque", unreadable))
-        learner = self.t
-        super().differential(example, lambda api, e: copy.deepcopy(recorded) if api is learner else run(api, e), what)
+        expected = self.expected(example, run, what)
+        self.compare(example, expected, copy.deepcopy(recorded), what)
+
+    def expected(self, example: dict, run, what: str = ""):
+        """The reference's output, from the memo while no learner's result has reached the check."""
+        if self.memo is None:
+            return super().expected(example, run, what)
+        cursor, remembered = self.cursor, None
+        if not self.steered and cursor is not None:
+            remembered = memory.key(self, cursor.site, cursor.next_observation - 1, example, run, what)
+        return self.memo.output(remembered, lambda: Ctx.expected(self, example, run, what))
 
 
 def _learner_error(exc: BaseException, example) -> BaseException:
@@ -149,8 +193,11 @@ _MISSING = object()
 
 
 class _Cursor:
-    def __init__(self, execution: dict):
-        self.execution = execution
+    """Where the replay of one recorded execution (of the body of ``site``: check id, call number) stands;
+    ``steer`` is told when a learner's result is handed to the body."""
+
+    def __init__(self, execution: dict, site: tuple[str, int], steer):
+        self.execution, self.site, self.steer = execution, site, steer
         self.calls = execution.get("calls") or []
         self.observations = execution.get("observations") or []
         self.next_call = self.next_observation = 0
@@ -166,6 +213,8 @@ class _Cursor:
         if i >= len(self.calls) or self.calls[i].get("op") != op or self.calls[i].get("name") != name:
             raise Failure(UNVERIFIED.format(why=f"step {i + 1} should be {op} {name}"), ("unverified", op, name))
         self.next_call += 1
+        if op == "call":
+            self.steer()
         return self.calls[i]
 
 

@@ -21,7 +21,9 @@ Nothing here decides a grade: the parent replays the records against the referen
 """
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import os
 import resource
 import signal
@@ -89,39 +91,45 @@ def limit_memory(spec: dict, device) -> None:
 
 
 # -- the snapshot ---------------------------------------------------------------------------
-def snapshot() -> list[tuple[str, object, str, object]]:
-    """(owner name, owner, attribute, value) of every function, class and module the grading relies on."""
+def snapshot() -> list[tuple[str, object, tuple, tuple, frozenset | None]]:
+    """(owner name, owner, attributes, their values, and for a class the names it has, else None) of
+    every function, class and module the grading relies on."""
     import torch
 
     owners = [(n, m) for n, m in list(sys.modules.items()) if n == "grader" or n.startswith("grader.")]
     owners += [(n, sys.modules[n]) for n in WATCHED_MODULES if n in sys.modules]
     classes = {torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.nn.Linear, torch.nn.Parameter}
-    entries = []
+    groups = []
     for name, owner in owners:
+        kept = {}
         for attr, value in list(vars(owner).items()):
             if callable(value) or isinstance(value, types.ModuleType):
-                entries.append((name, owner, attr, value))
+                kept[attr] = value
             if isinstance(value, type) and str(getattr(value, "__module__", "")).startswith(("grader", "torch")):
                 classes.add(value)
             if attr == "CHECKS" and hasattr(value, "all"):
-                entries += [(f"{name}.CHECKS", value, "all", value.all)]
-                entries += [(f"{name}.{c.id}", c, "func", c.func) for c in value.all]
+                groups.append((f"{name}.CHECKS", value, ("all",), (value.all,), None))
+                groups += [(f"{name}.{c.id}", c, ("func",), (c.func,), None) for c in value.all]
+        groups.append((name, owner, tuple(kept), tuple(kept.values()), None))
     for cls in classes:
-        entries += [(cls.__qualname__, cls, attr, value) for attr, value in list(vars(cls).items())]
-        entries.append((cls.__qualname__, cls, "<attributes>", frozenset(vars(cls))))
-    return entries
+        kept = dict(vars(cls))
+        groups.append((cls.__qualname__, cls, tuple(kept), tuple(kept.values()), frozenset(kept)))
+    return groups
 
 
-def changed(entries) -> list[str]:
-    """What differs from the snapshot: replaced or removed functions, attributes added to classes."""
+def changed(groups, vars=vars, all=all, map=map, zip=zip, is_=operator.is_,
+            gone=itertools.repeat(_GONE)) -> list[str]:
+    """What differs from the snapshot: replaced or removed functions, attributes added to classes (an
+    owner is compared at C speed, spelled out only when changed; helpers bound now, patched never)."""
     found = []
-    for name, owner, attr, value in entries:
-        if attr == "<attributes>":
-            added = {a for a in set(vars(owner)) - value if a not in CACHES and not a.startswith("_abc_")}
+    for name, owner, attrs, values, names in groups:
+        now = vars(owner)
+        if names is not None and now.keys() != names:
+            added = {a for a in set(now) - names if a not in CACHES and not a.startswith("_abc_")}
             found += [f"added {name}.{a}" for a in sorted(added)]
-            continue
-        if vars(owner).get(attr, _GONE) is not value:
-            found.append(f"replaced {name}.{attr}")
+        if not all(map(is_, map(now.get, attrs, gone), values)):
+            found += [f"replaced {name}.{attr}" for attr, value in zip(attrs, values)
+                      if now.get(attr, _GONE) is not value]
     return found
 
 
