@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import torch
 
-from grader import manifest, report
+from grader import manifest
 from grader.classroom.plain import exception_class, rebuild_exception
 from grader.classroom.tape import PUBLIC_SEED, entry_key, fingerprint
 from grader.engine import UNSET, Ctx, Failure, GraderBug, Unrecorded, _site, run_body
@@ -95,7 +95,7 @@ class PublicCtx(Ctx):
         self.ref = _RecordedRef(self)
         self.cursor: _Cursor | None = None
 
-    def with_target(self, target: Target) -> "PublicCtx":
+    def with_target(self, target: Target, site=None) -> "PublicCtx":
         return PublicCtx(target, self.kata_id, self.device, self.tape)
 
     # -- inputs: the recorded ones, in order ----------------------------------------------------
@@ -143,11 +143,7 @@ class PublicCtx(Ctx):
         expected = self.cursor.expected() if self.cursor is not None else None
         if expected is None:
             raise GraderBug(STALE.format(kata=self.kata_id))
-        got = run(self.t, example)
-        problem = report.compare(expected, got)
-        if problem:
-            head = f"{what}\n  " if what else ""
-            raise Failure(f"{head}on input {report.describe_input(example)}\n  {problem}", observed=got)
+        self.compare(example, expected, run(self.t, example), what)
 
     def outcome_of(self, mistake: str, check: str, number: int, example):
         """What a known mistake did in that body on that input (as grader.diagnosis.outcome says), or None."""
