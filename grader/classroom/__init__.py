@@ -4,6 +4,7 @@
     tape, public    a handout's public checks: the reference's answers recorded, and run from the record
     grading         ``kvkata grade``: find the submissions, grade them, write the reports
     cohort          workers forked from a warm server, each sandboxed, with time and memory limits
+    server          what the warm server does once, before it forks anything
     worker          the learner's side, in the sandbox: record what the code returns (record)
     judge, replay   the grader's side: replay the records against the reference, name mistakes
     plain           the plain data that crosses between the two
