@@ -261,8 +261,11 @@ class _ReplayFunction:
             pass
 
     def __call__(self, *args, **kwargs):
-        if not all(is_data(a) for a in (*args, *kwargs.values())):
-            raise NeedsLearner()  # an object (a model, a generator) the learner's code may have used: not replayable
+        given = (*args, *kwargs.values())
+        if not all(is_data(a) for a in given) or any(_stand_in(a) for a in given):
+            # an object (a model, a generator) the learner's code may have used, or the stand-in device
+            # (grader.checks.devices), whose tensors only the learner's process has: not replayable
+            raise NeedsLearner()
         entry = self._cursor.take("call", self.__name__)
         for where, value in entry.get("mutated") or []:
             _overwrite(args[where] if isinstance(where, int) and where < len(args) else kwargs.get(where), value)
@@ -273,6 +276,10 @@ class _ReplayFunction:
             raise Failure(f"{self.__name__} returned {unreadable}; " + UNREADABLE.split("; ", 1)[1],
                           ("opaque", self.__name__, unreadable))
         return copy.deepcopy(entry.get("result"))
+
+
+def _stand_in(value) -> bool:
+    return isinstance(value, torch.device) and value.type == "meta"
 
 
 def _overwrite(target, value) -> None:
