@@ -195,7 +195,9 @@ def serve_stops_at_eos(ctx):
 
 
 def _expected_steps(ex) -> list[tuple]:
-    """The rows of each step that schedules something, by the policy, when no request stops early."""
+    """Each step that schedules something, by the policy, when no request stops early:
+    (prefill ids, decode ids, the tokens its forward must feed: every prefill's whole recompute,
+    one per decode)."""
     state = State(*[ex[k] for k in LIMITS])
     arrivals = sorted((r for r in ex["requests"] if r[2] > 0), key=lambda r: r[3])
     steps, step_no = [], 0
@@ -207,30 +209,39 @@ def _expected_steps(ex) -> list[tuple]:
             state.requests[r] = Request(p, m)
             state.waiting.append(r)
         prefill, decode, preempted = state.decide()
+        tokens = sum(state.prefill_tokens(r) for r in prefill) + len(decode)
         state.apply(prefill, decode, preempted)
         if prefill or decode:
-            steps.append((prefill, decode))
+            steps.append((prefill, decode, tokens))
         for r in [r for r in state.running if state.requests[r].generated == state.requests[r].max_new_tokens]:
             state.finish(r)
         step_no += 1
     return steps
 
 
-@CHECKS.add("one batched model forward per scheduled step, prefills and decodes together", uses="serve")
+@CHECKS.add("one batched model forward per scheduled step, prefills and decodes together, in any layout",
+            uses="serve")
 def one_forward_per_step(ctx):
+    """What a forward shows whatever its layout (a row per request, padded; or one packed row with a
+    block-diagonal mask): how many forwards ran, and how many token slots each fed (batch × width)."""
     def body(c, ex):
         model, requests, got = _check_serve(c, ex)
         steps = _expected_steps(ex)
-        rows = [len(p) + len(d) for p, d in steps]
         calls = [tuple(call["ids"].shape) for call in model.calls]
-        if len(calls) != len(steps) or [b for b, _ in calls] != rows:
-            c.fail(f"the scheduler's steps have {rows} rows (prefills + decodes) each, {len(steps)} step(s); your "
-                   f"serve called the model {len(calls)} time(s) with input_ids of shapes {calls}: expected one "
-                   "forward per step, one row per request of the step", ex, ("forwards", len(calls)))
-        for i, ((prefill, decode), (b, t)) in enumerate(zip(steps, calls)):
-            if not prefill and t != 1:
-                c.fail(f"step {i} only decodes ({len(decode)} requests) yet fed input_ids of shape {(b, t)}: a decode "
-                       "row feeds its last token only, the rest is in the cache", ex, ("decode width", i, t))
+        if len(calls) != len(steps):
+            c.fail(f"the scheduler made {len(steps)} step(s) (prefills + decodes: "
+                   f"{[len(p) + len(d) for p, d, _ in steps]} requests each); your serve called the model "
+                   f"{len(calls)} time(s) with input_ids of shapes {calls}: expected one forward per step",
+                   ex, ("forwards", len(calls)))
+        for i, ((prefill, decode, tokens), (b, t)) in enumerate(zip(steps, calls)):
+            if b * t < tokens:
+                c.fail(f"step {i} feeds {tokens} token(s) (every prefill whole, one per decode), yet its forward "
+                       f"had input_ids of shape {(b, t)}: {b * t} slot(s)", ex, ("too few tokens", i))
+            if not prefill and b * t != len(decode):
+                c.fail(f"step {i} only decodes ({len(decode)} requests) yet fed input_ids of shape {(b, t)}: a "
+                       f"decode feeds its last token only, the rest is in the cache, so the step feeds "
+                       f"{len(decode)} token(s) (as {(len(decode), 1)} or {(1, len(decode))})", ex,
+                       ("decode width", i, b * t))
             if model.calls[i]["cache"] is None:
                 c.fail(f"forward {i} ran without a cache", ex, ("no cache", i))
 
