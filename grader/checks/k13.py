@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 
 import torch
 from hypothesis import strategies as st
@@ -196,8 +197,8 @@ def serve_stops_at_eos(ctx):
 
 def _expected_steps(ex) -> list[tuple]:
     """Each step that schedules something, by the policy, when no request stops early:
-    (prefill ids, decode ids, the tokens its forward must feed: every prefill's whole recompute,
-    one per decode)."""
+    (prefill ids, decode ids, what its forward must feed: (request, start, count) slices of the
+    request's prompt + new tokens, a prefill's whole recompute and a decode's last token)."""
     state = State(*[ex[k] for k in LIMITS])
     arrivals = sorted((r for r in ex["requests"] if r[2] > 0), key=lambda r: r[3])
     steps, step_no = [], 0
@@ -209,21 +210,28 @@ def _expected_steps(ex) -> list[tuple]:
             state.requests[r] = Request(p, m)
             state.waiting.append(r)
         prefill, decode, preempted = state.decide()
-        tokens = sum(state.prefill_tokens(r) for r in prefill) + len(decode)
+        fed = [(r, 0, state.prefill_tokens(r)) for r in prefill] + [(r, state.prefill_tokens(r) - 1, 1) for r in decode]
         state.apply(prefill, decode, preempted)
         if prefill or decode:
-            steps.append((prefill, decode, tokens))
+            steps.append((prefill, decode, fed))
         for r in [r for r in state.running if state.requests[r].generated == state.requests[r].max_new_tokens]:
             state.finish(r)
         step_no += 1
     return steps
 
 
+def _missing(call, fed, requests, got) -> list[int]:
+    """The token ids the step must feed that its forward's input_ids do not hold (as a multiset)."""
+    whole = {r: prompt + got[r] for r, prompt, *_ in requests}
+    need = Counter(t for r, start, n in fed for t in whole[r][start:start + n])
+    return sorted((need - Counter(call["ids"].flatten().tolist())).elements())
+
+
 @CHECKS.add("one batched model forward per scheduled step, prefills and decodes together, in any layout",
             uses="serve")
 def one_forward_per_step(ctx):
     """What a forward shows whatever its layout (a row per request, padded; or one packed row with a
-    block-diagonal mask): how many forwards ran, and how many token slots each fed (batch × width)."""
+    block-diagonal mask): how many forwards ran, and the tokens each carried."""
     def body(c, ex):
         model, requests, got = _check_serve(c, ex)
         steps = _expected_steps(ex)
@@ -233,16 +241,20 @@ def one_forward_per_step(ctx):
                    f"{[len(p) + len(d) for p, d, _ in steps]} requests each); your serve called the model "
                    f"{len(calls)} time(s) with input_ids of shapes {calls}: expected one forward per step",
                    ex, ("forwards", len(calls)))
-        for i, ((prefill, decode, tokens), (b, t)) in enumerate(zip(steps, calls)):
-            if b * t < tokens:
-                c.fail(f"step {i} feeds {tokens} token(s) (every prefill whole, one per decode), yet its forward "
-                       f"had input_ids of shape {(b, t)}: {b * t} slot(s)", ex, ("too few tokens", i))
-            if not prefill and b * t != len(decode):
-                c.fail(f"step {i} only decodes ({len(decode)} requests) yet fed input_ids of shape {(b, t)}: a "
-                       f"decode feeds its last token only, the rest is in the cache, so the step feeds "
-                       f"{len(decode)} token(s) (as {(len(decode), 1)} or {(1, len(decode))})", ex,
-                       ("decode width", i, b * t))
-            if model.calls[i]["cache"] is None:
+        for i, ((prefill, decode, fed), call) in enumerate(zip(steps, model.calls)):
+            shape, size = tuple(call["ids"].shape), call["ids"].numel()
+            missing = _missing(call, fed, requests, got)
+            if missing:
+                c.fail(f"step {i} prefills {prefill} (each its prompt and the tokens it made so far) and decodes "
+                       f"{decode} (each its last token), but its forward, input_ids of shape {shape}, lacks the "
+                       f"token id(s) {missing}", ex, ("tokens missing", i))
+            if not prefill and size != len(decode):
+                n = len(decode)
+                forms = " or ".join(str(f) for f in sorted({(n, 1), (1, n)}))
+                c.fail(f"step {i} only decodes ({n} request(s)) yet fed input_ids of shape {shape}: a decode feeds "
+                       f"its last token only, the rest is in the cache, so the step feeds {n} token(s), as {forms}",
+                       ex, ("decode width", i, size))
+            if call["cache"] is None:
                 c.fail(f"forward {i} ran without a cache", ex, ("no cache", i))
 
     ctx.forall(workloads(max_requests=5), body, max_examples=10)
