@@ -255,13 +255,36 @@ def _refused(c, ex, what, names, fn, *args):
                ("unnamed", what))
 
 
+def _empty_pool(c, ex, what, make, allocator_of):
+    """``make()`` with ``num_blocks=0``: the README leaves it to the learner to refuse (a ValueError
+    naming num_blocks) or to accept as an empty pool, where every allocation raises OutOfBlocksError."""
+    try:
+        made = c.call(make)
+    except ValueError as exc:
+        if not value_error_names(exc, ("num_blocks",)):
+            c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name num_blocks", ex,
+                   ("unnamed", what))
+        return
+    alloc = allocator_of(made)
+    if alloc.num_free != 0:
+        c.fail(f"{what} was accepted as an empty pool, yet its num_free is {alloc.num_free!r}, expected 0", ex,
+               ("empty pool", "num_free"))
+    try:
+        got = alloc.allocate()
+    except c.t.OutOfBlocksError:
+        return
+    c.fail(f"{what} was accepted as an empty pool, yet allocate() returned {got!r}; with no block it must raise "
+           "OutOfBlocksError (or refuse num_blocks=0 with a ValueError)", ex, ("empty pool", "allocated"))
+
+
 @CHECKS.add("BlockAllocator refuses bad sizes and bad block ids (unknown, negative, not an int, free) everywhere",
             uses="BlockAllocator")
 def allocator_rejects_bad_ids(ctx):
     def body(c, ex):
         n = ex["num_blocks"]
-        for bad in (0, -1, 2.5):
+        for bad in (-1, 2.5):
             _refused(c, ex, f"BlockAllocator({bad!r})", ("num_blocks",), c.t.BlockAllocator, bad)
+        _empty_pool(c, ex, "BlockAllocator(0)", lambda: c.t.BlockAllocator(0), lambda alloc: alloc)
         alloc = c.t.BlockAllocator(n)
         held = alloc.allocate()
         alloc.incref(held)  # two holders
@@ -290,8 +313,11 @@ def paged_rejects_bad_sizes(ctx):
         for name in good:
             for bad in (0, -1, 2.5):
                 args = {**good, name: bad}
-                _refused(c, ex, f"PagedKVCache({', '.join(f'{k}={v!r}' for k, v in args.items())})", (name,),
-                         c.t.PagedKVCache, *args.values())
+                what = f"PagedKVCache({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+                if name == "num_blocks" and bad == 0:  # an empty pool is the learner's choice
+                    _empty_pool(c, ex, what, lambda: c.t.PagedKVCache(*args.values()), lambda cache: cache.allocator)
+                    continue
+                _refused(c, ex, what, (name,), c.t.PagedKVCache, *args.values())
 
     ctx.case({"seed": 0}, body)
 
@@ -371,7 +397,8 @@ def _device_scenario(s):
             cache.fork(step[1], step[2])
             continue
         seq, n, what = step
-        slots = s.call(what, cache.reserve, seq, n)
+        s.running(what)
+        slots = s.ctx.call(cache.reserve, seq, n)  # on the CPU or the device: either indexes the pages
         for layer in (0, 1):
             s.call(f"write({layer}, slots, k, v) with the slots of {what}", cache.write, layer, slots,
                    k[:, :n], v[:, :n])
@@ -380,7 +407,8 @@ def _device_scenario(s):
     s.call("gather(0, 0) after free(1)", cache.gather, 0, 0)
 
 
-@CHECKS.add("the pages live on the cache's device= and slots and gathers stay there", uses="PagedKVCache")
+@CHECKS.add("the pages live on the cache's device= and gathers stay there; slots may be on either device",
+            uses="PagedKVCache")
 def keeps_the_device(ctx):
     ctx.case({"num_blocks": 8, "block_size": 4, "n_layers": 2, "n_kv_heads": 2, "head_dim": 4},
              lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 
 import torch
 from hypothesis import strategies as st
@@ -195,7 +196,9 @@ def serve_stops_at_eos(ctx):
 
 
 def _expected_steps(ex) -> list[tuple]:
-    """The rows of each step that schedules something, by the policy, when no request stops early."""
+    """Each step that schedules something, by the policy, when no request stops early:
+    (prefill ids, decode ids, what its forward must feed: (request, start, count) slices of the
+    request's prompt + new tokens, a prefill's whole recompute and a decode's last token)."""
     state = State(*[ex[k] for k in LIMITS])
     arrivals = sorted((r for r in ex["requests"] if r[2] > 0), key=lambda r: r[3])
     steps, step_no = [], 0
@@ -207,31 +210,51 @@ def _expected_steps(ex) -> list[tuple]:
             state.requests[r] = Request(p, m)
             state.waiting.append(r)
         prefill, decode, preempted = state.decide()
+        fed = [(r, 0, state.prefill_tokens(r)) for r in prefill] + [(r, state.prefill_tokens(r) - 1, 1) for r in decode]
         state.apply(prefill, decode, preempted)
         if prefill or decode:
-            steps.append((prefill, decode))
+            steps.append((prefill, decode, fed))
         for r in [r for r in state.running if state.requests[r].generated == state.requests[r].max_new_tokens]:
             state.finish(r)
         step_no += 1
     return steps
 
 
-@CHECKS.add("one batched model forward per scheduled step, prefills and decodes together", uses="serve")
+def _missing(call, fed, requests, got) -> list[int]:
+    """The token ids the step must feed that its forward's input_ids do not hold (as a multiset)."""
+    whole = {r: prompt + got[r] for r, prompt, *_ in requests}
+    need = Counter(t for r, start, n in fed for t in whole[r][start:start + n])
+    return sorted((need - Counter(call["ids"].flatten().tolist())).elements())
+
+
+@CHECKS.add("one batched model forward per scheduled step, prefills and decodes together, in any layout",
+            uses="serve")
 def one_forward_per_step(ctx):
+    """What a forward shows whatever its layout (a row per request, padded; or one packed row with a
+    block-diagonal mask): how many forwards ran, and the tokens each carried."""
     def body(c, ex):
         model, requests, got = _check_serve(c, ex)
         steps = _expected_steps(ex)
-        rows = [len(p) + len(d) for p, d in steps]
         calls = [tuple(call["ids"].shape) for call in model.calls]
-        if len(calls) != len(steps) or [b for b, _ in calls] != rows:
-            c.fail(f"the scheduler's steps have {rows} rows (prefills + decodes) each, {len(steps)} step(s); your "
-                   f"serve called the model {len(calls)} time(s) with input_ids of shapes {calls}: expected one "
-                   "forward per step, one row per request of the step", ex, ("forwards", len(calls)))
-        for i, ((prefill, decode), (b, t)) in enumerate(zip(steps, calls)):
-            if not prefill and t != 1:
-                c.fail(f"step {i} only decodes ({len(decode)} requests) yet fed input_ids of shape {(b, t)}: a decode "
-                       "row feeds its last token only, the rest is in the cache", ex, ("decode width", i, t))
-            if model.calls[i]["cache"] is None:
+        if len(calls) != len(steps):
+            c.fail(f"the scheduler made {len(steps)} step(s) (prefills + decodes: "
+                   f"{[len(p) + len(d) for p, d, _ in steps]} requests each); your serve called the model "
+                   f"{len(calls)} time(s) with input_ids of shapes {calls}: expected one forward per step",
+                   ex, ("forwards", len(calls)))
+        for i, ((prefill, decode, fed), call) in enumerate(zip(steps, model.calls)):
+            shape, size = tuple(call["ids"].shape), call["ids"].numel()
+            missing = _missing(call, fed, requests, got)
+            if missing:
+                c.fail(f"step {i} prefills {prefill} (each its prompt and the tokens it made so far) and decodes "
+                       f"{decode} (each its last token), but its forward, input_ids of shape {shape}, lacks the "
+                       f"token id(s) {missing}", ex, ("tokens missing", i))
+            if not prefill and size != len(decode):
+                n = len(decode)
+                forms = " or ".join(str(f) for f in sorted({(n, 1), (1, n)}))
+                c.fail(f"step {i} only decodes ({n} request(s)) yet fed input_ids of shape {shape}: a decode feeds "
+                       f"its last token only, the rest is in the cache, so the step feeds {n} token(s), as {forms}",
+                       ex, ("decode width", i, size))
+            if call["cache"] is None:
                 c.fail(f"forward {i} ran without a cache", ex, ("no cache", i))
 
     ctx.forall(workloads(max_requests=5), body, max_examples=10)
