@@ -2,11 +2,11 @@
 
     kvkata                        the board: every kata by level, your latest results, the next step
     kvkata check [NN]             grade one kata (or all) like ``pytest katas/NN``; updates the board
-    kvkata watch [NN]             re-grade a kata each time you save its file (grader.watch)
+    kvkata watch [NN]             re-grade a kata each time you save its file (grader.learner.watch)
     kvkata hint NN [--all]        the next hint of a kata's ladder
     kvkata reset NN | --all       put the untouched stub back (your file is backed up first)
     kvkata solution NN [--force]  the diff from stub to reference, once the kata passes
-    kvkata interview / submit / quiz / history     timed interview practice (grader.sessions)
+    kvkata interview / submit / quiz / history     timed interview practice (grader.learner.sessions)
     kvkata assign / grade         handouts and isolated grading of a cohort (grader.classroom)
     kvkata autograder             a Gradescope autograder zip for a level (grader.classroom.autograder)
 
@@ -20,11 +20,13 @@ import json
 import os
 import sys
 
-from grader import learner, manifest, sessions, state
+from grader import manifest, state
+from grader.learner import tools as learner
+from grader.learner import sessions
 from grader.errors import UsageError
 
-DELEGATED = {"bench": "grader.bench", "notebooks": "grader.notebooks",  # subcommands with their own parser
-             "generate": "grader.playground"}
+DELEGATED = {"bench": "grader.bench.suite", "notebooks": "grader.learner.notebooks",  # subcommands with their own parser
+             "generate": "grader.learner.playground"}
 
 
 # -- the board ------------------------------------------------------------------------------
@@ -102,7 +104,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    from grader import watch
+    from grader.learner import watch
 
     if args.interval <= 0 or (args.timeout is not None and args.timeout <= 0):
         raise UsageError("--interval and --timeout must be positive")
@@ -190,7 +192,8 @@ def cmd_assign(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    from grader.classroom import cohort, grading
+    from grader.classroom.cohort import sandbox as cohort
+    from grader.classroom.cohort import grading
 
     if args.jobs < 1 or args.timeout <= 0 or (args.memory is not None and args.memory < 256):
         raise UsageError("-j must be at least 1, --timeout positive and --memory at least 256 (MB)")

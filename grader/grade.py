@@ -5,8 +5,8 @@ import time
 
 import torch
 
-from grader import checks, manifest, report, targets
-from grader.engine import Ctx, Result, run_check
+from grader import checks, manifest
+from grader.engine import Ctx, report, Result, run_check, targets
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -31,15 +31,15 @@ def single_thread() -> None:
 
 def gradable(kata: manifest.Kata) -> bool:
     """Whether this copy can grade the kata: it has the reference, or (a handout) its public record."""
-    from grader.classroom import public
+    from grader.public_record import public
 
     return (manifest.REPO_ROOT / kata.solution).is_file() or public.active(kata.id)
 
 
 def context(kata: manifest.Kata, target: targets.Target, device, seed: int = 0) -> tuple[Ctx, tuple]:
     """The checks' context and the known mistakes: the reference and the catalogue in the full
-    repository; in a handout, the kata's public record (grader.classroom.public)."""
-    from grader.classroom import public
+    repository; in a handout, the kata's public record (grader.public_record.public)."""
+    from grader.public_record import public
 
     if public.active(kata.id):
         return public.PublicCtx(target, kata.id, device), public.known_mistakes(kata.id)
@@ -50,14 +50,14 @@ def context(kata: manifest.Kata, target: targets.Target, device, seed: int = 0) 
 
 def checks_for(kata_id: str) -> list:
     """The checks that run in this copy: every one in the repository, the public ones in a handout."""
-    from grader.classroom import public
+    from grader.public_record import public
 
     return public.checks_of(kata_id, checks.for_kata(kata_id).all)
 
 
 def public_header(kata: manifest.Kata) -> str:
     """In a handout, what ran: "public checks: N of M; ..."; empty in the full repository."""
-    from grader.classroom import public
+    from grader.public_record import public
 
     return public.header(kata.id, len(checks.for_kata(kata.id).all)) if public.active(kata.id) else ""
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader import grade, manifest, report, state, targets
-from grader.engine import Ctx, Result, run_check
+from grader import grade, manifest, state
+from grader.engine import Ctx, report, Result, run_check, targets
 
 SETTINGS = pytest.StashKey[dict]()
 RESULTS = pytest.StashKey[dict]()

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from grader import grade, manifest, targets
+from grader import grade, manifest
+from grader.engine import targets
 from grader.checks.k08 import _tiny_model
 from grader.paged import PagedKVCache
 

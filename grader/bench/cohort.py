@@ -3,7 +3,7 @@ interpreter per worker, every row judged in this process, one after the other) a
 (workers and judges forked from the warm server, the reference's outputs remembered), side by
 side in one run, next to one ``import torch``.
 
-    python -m grader.classroom.bench_cohort [--pairs 48] [--jobs 2] [--level 1] [--paths before,now]
+    python -m grader.bench.cohort [--pairs 48] [--jobs 2] [--level 1] [--paths before,now]
 
 Generates a cohort in a temporary folder: submissions of the level's katas that are the
 reference, the untouched stub, or one of the known mistakes in turn (so the pairs do the work a
@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 
 from grader import manifest, mistakes
-from grader.classroom import cohort, grading, handouts
+from grader.classroom import handouts
+from grader.classroom.cohort import sandbox as cohort
+from grader.classroom.cohort import grading
 
 PATHS = {  # name: (what it is, the settings that make it)
     "before": ("fresh interpreter per worker, judged here", {"warm": False, "judges": 0, "remember": False}),
@@ -52,7 +54,7 @@ def timed(subs: list[str], path: str, jobs: int) -> tuple[float, list[dict]]:
     """Grade ``subs`` the ``path`` way in a fresh process: its seconds and rows."""
     with tempfile.TemporaryDirectory(prefix="kvkata-bench-rows-") as tmp:
         out = Path(tmp) / "rows.json"
-        subprocess.run([sys.executable, "-m", "grader.classroom.bench_cohort", "--grade", path, "--jobs", str(jobs), "--out", str(out),
+        subprocess.run([sys.executable, "-m", "grader.bench.cohort", "--grade", path, "--jobs", str(jobs), "--out", str(out),
                         *subs], check=True)
         data = json.loads(out.read_text(encoding="utf-8"))
     return data["seconds"], data["rows"]
@@ -80,7 +82,7 @@ def _judged(row: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader.classroom.bench_cohort", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m grader.bench.cohort", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=48)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--level", type=int, default=1)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from grader import manifest, targets
+from grader import manifest
+from grader.engine import targets
 from grader.nn import attend
 
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128  # shaped like an 8-billion-parameter Llama, one sequence

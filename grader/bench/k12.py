@@ -58,7 +58,7 @@ def _timed(run, repeats: int, device: torch.device):
 def bench_speculative(device: torch.device, progress, quick: bool, new_tokens: int | None = None,
                       k: int = 4) -> list[dict]:
     """Tokens/s and target forwards per token: plain greedy, then speculative with each draft."""
-    from grader.bench import reference
+    from grader.bench.suite import reference
 
     N = new_tokens or (32 if quick else 96)
     repeats = 1 if quick else 3

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from grader import manifest, targets
+from grader import manifest
+from grader.engine import targets
 
 SERVING_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)

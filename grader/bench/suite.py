@@ -10,11 +10,11 @@
 5. prefix cache — prefill tokens computed with and without prefix caching (kata 10) for requests
    that share a system prompt, and the hit rate.
 6. beam — blocks a beam search holds when its beams share the prompt's blocks, against a dense
-   cache per beam (``grader.bench_k11``).
+   cache per beam (``grader.bench.k11``).
 7. speculative — tokens/s and target forwards per token of speculative decoding (kata 12) with a
-   close, a perturbed and a random draft, against plain greedy decoding (``grader.bench_k12``).
+   close, a perturbed and a random draft, against plain greedy decoding (``grader.bench.k12``).
 8. serving — continuous batching (kata 13) against static batches of kata 08's loop
-   (``grader.bench_k13``): tokens/s, time to first token, latency, blocks in use.
+   (``grader.bench.k13``): tokens/s, time to first token, latency, blocks in use.
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -33,8 +33,12 @@ from pathlib import Path
 
 import torch
 
-from grader import bench_k09, bench_k12, bench_k13, manifest, targets
-from grader.bench_k11 import bench_beam
+from grader import manifest
+from grader.bench import k09 as bench_k09
+from grader.bench import k12 as bench_k12
+from grader.bench import k13 as bench_k13
+from grader.engine import targets
+from grader.bench.k11 import bench_beam
 from grader.nn import attend
 
 HEADS, HEAD_DIM = 8, 64

@@ -1,6 +1,6 @@
 """How fast ``kvkata watch`` answers a save, next to a fresh ``pytest katas/NN``.
 
-    python -m grader.bench_watch [NN] [--saves 10]
+    python -m grader.bench.watch [NN] [--saves 10]
 
 Runs on a temporary copy of the repository (your files are never touched): starts the watcher
 there, saves the kata's file ``--saves`` times (the reference and one known mistake in turn, so
@@ -79,7 +79,7 @@ def fresh_pytest(kata: manifest.Kata, repo: Path, env: dict, runs: int = 3) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader.bench_watch", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m grader.bench.watch", description=__doc__.split("\n\n")[0])
     parser.add_argument("kata", nargs="?", default="03")
     parser.add_argument("--saves", type=int, default=10)
     args = parser.parse_args(argv)

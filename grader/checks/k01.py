@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks import devices
-from grader.checks.common import (DTYPES, SEEDS, bad_caches, chunks, count_rows, expect_pair, expect_value_error,
+from grader.engine import report
+from grader.checks.support import devices
+from grader.checks.support.common import (DTYPES, SEEDS, bad_caches, chunks, count_rows, expect_pair, expect_value_error,
                                   held_tensors, interleaved, load_linears, named, randn, value_error_names)
 from grader.engine import Checks
 

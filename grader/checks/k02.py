@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks import devices
-from grader.checks.common import (DTYPES, SEEDS, bad_caches, chunks, chunks_and_whole, expect_pair, expect_value_error,
+from grader.engine import report
+from grader.checks.support import devices
+from grader.checks.support.common import (DTYPES, SEEDS, bad_caches, chunks, chunks_and_whole, expect_pair, expect_value_error,
                                   expect_value_error_soon, hidden_states, interleaved, load_linears, named, run_chunks,
                                   value_error_names)
 from grader.engine import Checks, Failure

@@ -12,8 +12,8 @@ import copy
 
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks.common import value_error_names
+from grader.engine import report
+from grader.checks.support.common import value_error_names
 from grader.engine import Checks
 
 CHECKS = Checks("04")

@@ -14,10 +14,10 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks import devices
-from grader.checks.common import DTYPES, SEEDS, attention, randn, value_error_names
-from grader.checks.paged_programs import Replay, kv_dict, new_kv, programs, replay
+from grader.engine import report
+from grader.checks.support import devices
+from grader.checks.support.common import DTYPES, SEEDS, attention, randn, value_error_names
+from grader.checks.k06_programs import Replay, kv_dict, new_kv, programs, replay
 from grader.engine import Checks
 
 CHECKS = Checks("06")

@@ -13,8 +13,8 @@ from collections import defaultdict
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks.common import DTYPES, SEEDS, randn
+from grader.engine import report
+from grader.checks.support.common import DTYPES, SEEDS, randn
 from grader.engine import Failure
 
 

@@ -15,8 +15,8 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 
-from grader.checks import devices
-from grader.checks.common import SEEDS, TINY_LLAMA, tiny_llama, value_error_names
+from grader.checks.support import devices
+from grader.checks.support.common import SEEDS, TINY_LLAMA, tiny_llama, value_error_names
 from grader.engine import Checks
 from grader.nn import Llama, LlamaConfig
 

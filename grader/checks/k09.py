@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks import devices
-from grader.checks.common import DTYPES, SEEDS, randn, value_error_names
-from grader.checks.quant_programs import D_CHOICES, EPS, Replay, formula_nbytes, grid_problem, programs, stream
+from grader.engine import report
+from grader.checks.support import devices
+from grader.checks.support.common import DTYPES, SEEDS, randn, value_error_names
+from grader.checks.k09_programs import D_CHOICES, EPS, Replay, formula_nbytes, grid_problem, programs, stream
 from grader.engine import Checks
 
 CHECKS = Checks("09")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from grader.checks.common import value_error_names
-from grader.checks.prefix_programs import programs, replay
+from grader.checks.support.common import value_error_names
+from grader.checks.k10_programs import programs, replay
 from grader.engine import Checks
 
 CHECKS = Checks("10")

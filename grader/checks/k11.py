@@ -15,9 +15,9 @@ import numbers
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.beam_oracle import TIE, Probed, brute_force, cache_for, close, score_of, stand_in
-from grader.checks import devices
-from grader.checks.common import SEEDS, value_error_names
+from grader.checks.k11_oracle import TIE, Probed, brute_force, cache_for, close, score_of, stand_in
+from grader.checks.support import devices
+from grader.checks.support.common import SEEDS, value_error_names
 from grader.checks.k08 import DEVICE_MODEL, TINY, _tiny_model
 from grader.nn import Llama, LlamaConfig
 from grader.engine import Checks

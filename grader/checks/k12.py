@@ -15,11 +15,11 @@ import numbers
 import torch
 from hypothesis import strategies as st
 
-from grader.checks import devices
-from grader.checks.common import SEEDS, randn, value_error_names
+from grader.checks.support import devices
+from grader.checks.support.common import SEEDS, randn, value_error_names
 from grader.checks.k08 import DEVICE_MODEL, _greedy_alone, _kind
-from grader.checks.rollback_programs import programs, replay
-from grader.checks.speculative_spy import WrongDraft, count_rounds, perturbed, replay_calls, spy_model
+from grader.checks.k12_programs import programs, replay
+from grader.checks.k12_spy import WrongDraft, count_rounds, perturbed, replay_calls, spy_model
 from grader.engine import Checks
 from grader.nn import Llama, LlamaConfig
 

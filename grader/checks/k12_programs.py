@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks.common import DTYPES, SEEDS, randn
+from grader.engine import report
+from grader.checks.support.common import DTYPES, SEEDS, randn
 
 
 @st.composite

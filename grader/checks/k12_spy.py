@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from grader.checks.common import randn, tiny_llama
+from grader.checks.support.common import randn, tiny_llama
 from grader.nn import Llama, LlamaConfig
 
 LOGIT_TOL = 1e-8  # float64: a cached and an uncached forward agree far closer than this

@@ -14,10 +14,10 @@ import numbers
 import torch
 from hypothesis import strategies as st
 
-from grader.checks import devices
-from grader.checks.common import SEEDS, value_error_names
+from grader.checks.support import devices
+from grader.checks.support.common import SEEDS, value_error_names
 from grader.checks.k08 import DEVICE_MODEL, TINY, _greedy_alone, _Recording, _SpyCache, _tiny_model
-from grader.checks.scheduler_programs import PINNED, Replay, Request, State, programs
+from grader.checks.k13_programs import PINNED, Replay, Request, State, programs
 from grader.engine import Checks
 from grader.nn import Llama, LlamaConfig
 

@@ -1,5 +1,5 @@
 """``kvkata assign``: a handout of a level's katas — stubs, READMEs, notebooks, the grader without
-solutions, mistakes or the checks of other katas, each kata's public record (grader.classroom.tape)
+solutions, mistakes or the checks of other katas, each kata's public record (grader.public_record.tape)
 so its checks run there, and a GitHub Classroom workflow that runs them on every push."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader import learner, manifest, state
+from grader import manifest, state
+from grader.learner import tools as learner
 from grader.errors import UsageError
 
 STUDENT_README = """# KV-cache katas — level {level} handout
@@ -106,6 +107,9 @@ PagedKVCache = _module.PagedKVCache
 '''
 
 
+KATA_FILE = re.compile(r"k(\d+)(?:_\w+)?\.py")  # kata NN's checks or mistakes (kNN.py), or a helper of them (kNN_<what>.py)
+
+
 def katas_for(level: int, only: bool = False) -> list[manifest.Kata]:
     chosen = [k for k in manifest.load().values() if (k.level == level if only else k.level <= level)]
     if not chosen:
@@ -135,7 +139,7 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
     def ignore(folder: str, names: list[str]) -> set[str]:
         skip = {n for n in names if n in ("__pycache__", "pristine", "public", "mistakes") or n.endswith(".pyc")}
         if Path(folder).name == "checks":
-            skip |= {n for n in names if re.fullmatch(r"k(\w+)\.py", n) and n[1:-3] not in ids}
+            skip |= {n for n in names if (m := KATA_FILE.fullmatch(n)) and m.group(1) not in ids}
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest, ignore=ignore)
@@ -156,7 +160,7 @@ def _pyproject() -> str:
 def record_public(dest: Path, katas: list[manifest.Kata], say=None) -> dict[str, dict]:
     """Write each kata's public record into ``dest`` (a handout's grader/public); per kata, what it
     holds: public checks of all, and the known mistakes they catch (measured on the public inputs)."""
-    from grader.classroom import tape
+    from grader.public_record import tape
 
     shares = {}
     if say:

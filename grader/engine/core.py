@@ -1,5 +1,5 @@
 """The check engine: registers a kata's checks, runs one against a target with Hypothesis,
-turns whatever the learner's code did into a result, and names known mistakes.
+and turns whatever one input did into a failure or not (grader.engine.run runs a whole check).
 
 A check is a function ``check(ctx)``. It draws inputs with ``ctx.forall`` (Hypothesis,
 seeded, bounded) or pins one with ``ctx.case``; each input goes to a *body*
@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 import signal
 import threading
-import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,8 +22,8 @@ import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 
-from grader import report
-from grader.targets import Target
+from grader.engine import report
+from grader.engine.targets import Target
 
 UNSET = object()  # "observed" not given: a failure no known mistake can be matched against
 
@@ -144,7 +143,7 @@ class Ctx:
 
     def with_target(self, target: Target, site: tuple[str, int] | None = None) -> "Ctx":
         """A context for ``target``; ``site`` (check id, forall/case call number): the one body it will run,
-        for contexts that remember the reference's outputs (grader.classroom.memo)."""
+        for contexts that remember the reference's outputs (grader.classroom.cohort.memo)."""
         return Ctx(target, self.reference, self.device, self.seed, self.examples_scale)
 
     # -- drawing inputs -------------------------------------------------------------------
@@ -170,12 +169,12 @@ class Ctx:
 
     def explore(self, strategy: st.SearchStrategy, test: Callable, max_examples: int) -> None:
         """Hypothesis runs ``test(example)`` on inputs drawn from ``strategy``, shrinks the first failure and
-        raises it (the classroom's replay walks remembered runs instead, grader.classroom.traces)."""
+        raises it (the classroom's replay walks remembered runs instead, grader.classroom.cohort.traces)."""
         phases = (Phase.explicit, Phase.generate, Phase.shrink)
         self.hypothesis_settings(max_examples, phases)(seed(self.seed)(given(strategy)(test)))()
 
     def hypothesis_settings(self, max_examples: int, phases) -> settings:
-        """How ``forall`` runs Hypothesis (grader.diagnosis draws the same examples again with it)."""
+        """How ``forall`` runs Hypothesis (grader.engine.diagnosis draws the same examples again with it)."""
         return settings(max_examples=max(1, int(max_examples * self.examples_scale)), deadline=None, database=None,
                         derandomize=False, phases=phases, suppress_health_check=list(HealthCheck),
                         report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)
@@ -202,7 +201,7 @@ class Ctx:
         self.compare(example, expected, run(self.t, example), what)
 
     def expected(self, example: dict, run: Callable, what: str = ""):
-        """``run(api, example)`` on the reference (the classroom's contexts remember it, grader.classroom.memo)."""
+        """``run(api, example)`` on the reference (the classroom's contexts remember it, grader.classroom.cohort.memo)."""
         try:
             return run(self.ref, example)
         except BaseException as exc:
@@ -366,41 +365,3 @@ def time_limit(seconds: float | None):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0) -> Result:
-    """Run one check; never raises for anything the learner's code does."""
-    started = time.perf_counter()
-    ctx.calls, ctx.running, ctx.seen = 0, check.id, {}
-    try:
-        with time_limit(timeout):
-            check.func(ctx)
-    except NotImplementedYet as exc:
-        return Result(check, "not-implemented", report.NOT_IMPLEMENTED.format(name=exc.name),
-                      seconds=time.perf_counter() - started)
-    except CheckTimeout:
-        return Result(check, "timeout", report.TIMED_OUT.format(seconds=timeout), seconds=time.perf_counter() - started)
-    except Failure as failure:
-        return _failed(check, failure, ctx, mistakes, started)
-    except (GraderBug, Exception) as exc:  # not the learner's doing: say so plainly, with the trace
-        trace = "".join(traceback.format_exception(exc)).rstrip()
-        return Result(check, "error", f"internal grader error (not your fault; please report it):\n{trace}",
-                      seconds=time.perf_counter() - started)
-    return Result(check, "pass", seconds=time.perf_counter() - started)
-
-
-def _failed(check: Check, failure: Failure, ctx: Ctx, mistakes, started: float) -> Result:
-    diagnoses = diagnose(failure, ctx, mistakes, check)
-    message = failure.message
-    for mistake in diagnoses:
-        first = mistake.why.split(" ", 1)[0]
-        why = mistake.why[:1].upper() + mistake.why[1:] if first.isalpha() else mistake.why  # not "X.repeat"
-        message += "\n  " + report.DIAGNOSIS.format(name=mistake.name, why=why, hint=mistake.hint)
-    return Result(check, "fail", message, [m.name for m in diagnoses], time.perf_counter() - started)
-
-
-def diagnose(failure: Failure, ctx: Ctx, mistakes, check: Check | None = None) -> list:
-    """The known mistakes that behave exactly like the learner's code (see grader.diagnosis)."""
-    from grader import diagnosis  # it builds on this module
-
-    return diagnosis.diagnose(failure, ctx, mistakes, check)

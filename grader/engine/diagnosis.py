@@ -15,7 +15,7 @@ differ, or, for a single suspect, on which it fails; where no input separates tw
 
 The checks' inputs are listed by running a check function with a context whose ``forall`` and
 ``case`` only write down what they were given (``Lister``). The classroom's replay side
-(grader.classroom.replay) answers the same questions from the record of the learner's run.
+(grader.classroom.cohort.replay) answers the same questions from the record of the learner's run.
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from typing import Callable
 
 from hypothesis import Phase, given, seed
 
-from grader import report
-from grader.targets import Target
-from grader.engine import (UNSET, CheckTimeout, Ctx, Failure, GraderBug, NotImplementedYet, Unrecorded, run_body,
-                           same_draws, time_limit)
+from grader.engine import report
+from grader.engine.targets import Target
+from grader.engine.core import (UNSET, CheckTimeout, Ctx, Failure, GraderBug, NotImplementedYet, Unrecorded, run_body,
+                                same_draws, time_limit)
 
 CONFIRM = 6  # further inputs the learner's code runs on, at most
 POOL = 10  # inputs the suspects run on, to choose those ``CONFIRM`` from

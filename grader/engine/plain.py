@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from grader.engine import innermost_learner_function
-from grader.targets import Target
+from grader.engine.core import innermost_learner_function
+from grader.engine.targets import Target
 
 OPAQUE = "__kvkata_opaque__"
 

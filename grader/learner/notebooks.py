@@ -1,12 +1,12 @@
 """Notebooks generated from the katas.
 
-``python -m grader.notebooks [--out DIR] [--check]`` writes ``notebooks/NN_<slug>.ipynb`` for
+``python -m grader.learner.notebooks [--out DIR] [--check]`` writes ``notebooks/NN_<slug>.ipynb`` for
 every kata of the manifest whose README and stub exist: a notice, the README split at its
 headings, the stub split into cells (the opening imports, then one cell per top-level function
 or class), a check cell that grades the notebook's own names, hints and follow-up questions.
 Generation is deterministic: regenerating gives byte-identical files.
 
-A kata's picture (drawn by ``grader.pictures`` from the reference solutions) is only put in its
+A kata's picture (drawn by ``grader.learner.pictures`` from the reference solutions) is only put in its
 notebook when the reference it needs exists.
 """
 from __future__ import annotations
@@ -30,13 +30,13 @@ HEADING = re.compile(r"^#{1,6} ")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
 NOTICE = """\
-> **Generated** from `katas/{id}` (`README.md` and `{file}`) by `python -m grader.notebooks`.
+> **Generated** from `katas/{id}` (`README.md` and `{file}`) by `python -m grader.learner.notebooks`.
 > To change the kata, edit those files and regenerate, not this notebook.
 
 Read the kata, fill in the code cells, then run the check cell at the end. It grades the functions
 and classes defined in this notebook with the same hidden checks as `pytest katas/{id}`
 (your file `katas/{id}/{file}` is graded separately). After a change, run the cells from the top again."""
-MARKER = "by `python -m grader.notebooks`"
+MARKER = "by `python -m grader.learner.notebooks`"
 YOUR_CODE = """\
 ## Your code
 
@@ -227,7 +227,7 @@ def build(kata: manifest.Kata, solution: bool = False) -> nbformat.NotebookNode:
 
 
 def _picture_cells(picture: Picture) -> list[tuple[str, str, str]]:
-    code = f"from grader.pictures import {picture.function}\n\n{picture.function}();"
+    code = f"from grader.learner.pictures import {picture.function}\n\n{picture.function}();"
     return [("markdown", picture.caption, ""), ("code", code, "picture")]
 
 

@@ -9,7 +9,8 @@ import sys
 import time
 from types import SimpleNamespace
 
-from grader import manifest, targets
+from grader import manifest
+from grader.engine import targets
 
 
 def _pyplot():
@@ -298,7 +299,7 @@ def plot_prefix_cache(block_size: int = 4, system: int = 8):
     from matplotlib.patches import Patch
 
     ref, plt = _reference("10"), _pyplot()
-    from grader.bench import prefix_workload
+    from grader.bench.suite import prefix_workload
 
     base = list(range(100, 100 + system))
     prompts = {"request 0": base + [1, 2, 3, 4, 5], "request 1": base + [6, 7, 8],
@@ -344,7 +345,7 @@ def plot_speculative(ks: tuple[int, ...] = (2, 4, 8), noises: tuple[float, ...] 
     """Kata 12: tokens per target forward as the draft gets worse (measured), and the speedup formula."""
     import torch
 
-    from grader.checks.common import randn, tiny_llama
+    from grader.checks.support.common import randn, tiny_llama
 
     ref, plt = _reference("12"), _pyplot()
     target = tiny_llama(seed, "cpu", num_hidden_layers=3)

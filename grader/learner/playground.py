@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from grader import manifest, targets
+from grader import manifest
+from grader.engine import targets
 from grader.errors import UsageError
 
 

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from grader import learner, manifest, state
+from grader import manifest, state
+from grader.learner import tools as learner
 from grader.errors import UsageError
 
 SESSION = "session.json"

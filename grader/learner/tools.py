@@ -37,8 +37,8 @@ def kata(kata_id: str) -> manifest.Kata:
 def grade_file(k: manifest.Kata, spec: str, device: str = "cpu", seed: int = 0, timeout: float | None = None):
     """Results of every check of ``k`` on ``spec`` ("stub" or a path); a file that will not import
     fails every check with the reason, as the pytest plugin does."""
-    from grader import grade, report, targets
-    from grader.engine import Result
+    from grader import grade
+    from grader.engine import report, Result, targets
 
     if not grade.gradable(k):
         raise UsageError(f"kata {k.id}: there is no reference solution here ({k.solution}) and no public record, so "

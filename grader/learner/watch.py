@@ -18,7 +18,9 @@ import select
 import signal
 import time
 
-from grader import changes, learner, manifest
+from grader import manifest
+from grader.learner import changes
+from grader.learner import tools as learner
 from grader.errors import UsageError
 
 CHECK_TIMEOUT = 10.0  # seconds one check may run in the watcher (a hang shows quickly)
@@ -28,8 +30,9 @@ CHECK_TIMEOUT = 10.0  # seconds one check may run in the watcher (a hang shows q
 def warm_up(katas: list[manifest.Kata]) -> None:
     """Import what grading needs, once, before any child is forked (no torch op runs here, so
     no thread pool exists to break in the children)."""
-    from grader import grade, targets
-    from grader.classroom import public
+    from grader import grade
+    from grader.engine import targets
+    from grader.public_record import public
 
     grade.single_thread()
     for k in katas:

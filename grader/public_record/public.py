@@ -1,11 +1,11 @@
 """Public checks: a handout's checks, run on the learner's code from the kata's public record.
 
-The record (grader.classroom.tape) holds, for the public seed, the inputs each check runs, what the
+The record (grader.public_record.tape) holds, for the public seed, the inputs each check runs, what the
 reference answered on them and what each known mistake did. ``PublicCtx`` runs the checks' own
 code on the learner's code: ``forall`` walks the recorded inputs in their order (no shrinking: a
 smaller input would have no recorded answer), ``differential`` compares with the recorded value,
 and ``ctx.ref`` answers from the record, question by question. Mistakes are named by the same
-rules as in the full repository (grader.diagnosis), from what they were recorded doing.
+rules as in the full repository (grader.engine.diagnosis), from what they were recorded doing.
 
 A check whose answers could not be written down as data is not public: it is not run here, and
 the header says how many ran.
@@ -19,10 +19,10 @@ from functools import lru_cache
 import torch
 
 from grader import manifest
-from grader.classroom.plain import exception_class, rebuild_exception
-from grader.classroom.tape import PUBLIC_SEED, entry_key, fingerprint
-from grader.engine import UNSET, Ctx, Failure, GraderBug, Unrecorded, _site, run_body
-from grader.targets import Target
+from grader.engine.plain import exception_class, rebuild_exception
+from grader.public_record.tape import PUBLIC_SEED, entry_key, fingerprint
+from grader.engine.core import UNSET, Ctx, Failure, GraderBug, Unrecorded, _site, run_body
+from grader.engine.targets import Target
 
 RECORD_DIR = manifest.PACKAGE_DIR / "public"
 HEADER = ("public checks: {n} of {m}; your instructor's grading runs all {m}, on inputs you have not seen")
@@ -146,7 +146,7 @@ class PublicCtx(Ctx):
         self.compare(example, expected, run(self.t, example), what)
 
     def outcome_of(self, mistake: str, check: str, number: int, example):
-        """What a known mistake did in that body on that input (as grader.diagnosis.outcome says), or None."""
+        """What a known mistake did in that body on that input (as grader.engine.diagnosis.outcome says), or None."""
         found = self.tape["outcomes"].get(mistake, {}).get(entry_key(check, number, example))
         if found is None:
             return None

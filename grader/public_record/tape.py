@@ -12,8 +12,8 @@ grading), and writes down (``record``):
 - per known mistake, what each check's body did on each of those inputs (pass, or the failure
   and what the mistake's code produced), so a handout names mistakes without their code.
 
-Everything is plain data (grader.classroom.plain), saved with ``torch.save`` and read back with
-``weights_only=True``. A handout replays it with grader.classroom.public.
+Everything is plain data (grader.engine.plain), saved with ``torch.save`` and read back with
+``weights_only=True``. A handout replays it with grader.public_record.public.
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from grader import checks, diagnosis, manifest, mistakes, targets
-from grader.classroom.plain import NotPlain, describe_exception, observation, opaque, plain
+from grader import checks, manifest, mistakes
+from grader.engine import diagnosis, targets
+from grader.engine.plain import NotPlain, describe_exception, observation, opaque, plain
 from grader.engine import Ctx, GraderBug, run_check
 
 PUBLIC_SEED = 8191  # never the grading seed: tuning to the public inputs does not pass grading
@@ -115,7 +116,7 @@ class Recorder(Ctx):
         seen = observation(expected)
         if opaque(seen):
             self.unplain.setdefault(str(self.running), f"the reference returned {opaque(seen)}")
-        from grader import report  # the engine's comparison, as the handout will make it
+        from grader.engine import report  # the engine's comparison, as the handout will make it
 
         if report.compare(expected, again):
             raise GraderBug(f"the reference gives different results on the same input {example!r}: "
@@ -275,7 +276,7 @@ def share(tape: dict) -> dict:
 
 
 def save(path: Path, tape: dict) -> None:
-    from grader.classroom import plain as plain_io
+    from grader.engine import plain as plain_io
 
     path.parent.mkdir(parents=True, exist_ok=True)
     plain_io.save(path, tape)

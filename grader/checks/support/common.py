@@ -10,8 +10,7 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 
-from grader import report
-from grader.engine import Failure
+from grader.engine import Failure, report
 from grader.nn import Llama, LlamaConfig
 
 DTYPES = st.sampled_from([torch.float64, torch.float32])

@@ -1,4 +1,4 @@
-"""``kvkata grade``: a cohort's submissions found, graded each in isolation (grader.classroom.cohort)
+"""``kvkata grade``: a cohort's submissions found, graded each in isolation (grader.classroom.cohort.sandbox)
 and written out as CSV, JSON and JUnit reports, with the cohort summary."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from grader import checks, manifest, state
-from grader.classroom import cohort
+from grader.classroom.cohort import sandbox as cohort
 from grader.classroom.handouts import katas_for
 from grader.errors import UsageError
 

@@ -1,7 +1,7 @@
 """The grader's side of ``kvkata grade``: turn what a worker recorded into one honest row.
 
 Runs in the parent process, which never executes learner code. Every check is replayed against
-the reference (grader.classroom.replay); the record is read with ``weights_only=True`` (grader.classroom.plain), so a
+the reference (grader.classroom.cohort.replay); the record is read with ``weights_only=True`` (grader.engine.plain), so a
 forged or corrupt record can fail a check, never crash this process or pass a check by itself.
 """
 from __future__ import annotations
@@ -10,10 +10,9 @@ import collections
 import signal
 from functools import lru_cache
 
-from grader import checks, manifest, mistakes, report, targets
-from grader.classroom import plain
-from grader.engine import GraderBug, Result, run_check
-from grader.classroom.replay import UNVERIFIED, NeedsLearner, ReplayCtx
+from grader import checks, manifest, mistakes
+from grader.engine import GraderBug, plain, report, Result, run_check, targets
+from grader.classroom.cohort.replay import UNVERIFIED, NeedsLearner, ReplayCtx
 
 TAMPERED = "your code tampered with the grader ({what}); every check of this kata fails"
 NOT_RUN_TIME = "not run: the time limit of {seconds:g} s for this kata was reached"
@@ -47,7 +46,7 @@ def judge_check(check, record: dict, settings, kata: manifest.Kata, others: dict
                 memo=None) -> Result:
     """Replay one check; where replay needs the learner's objects, the worker's verdict stands.
     ``others``: the records of the kata's other checks by check id, which naming a mistake may consult;
-    ``memo``: the reference's outputs remembered across the cohort (grader.classroom.memo), or None."""
+    ``memo``: the reference's outputs remembered across the cohort (grader.classroom.cohort.memo), or None."""
     status, message = record.get("status"), str(record.get("message", ""))
     if status == "timeout":
         return Result(check, "timeout", message)

@@ -1,12 +1,12 @@
-"""Judging a cohort's runs as they finish: a row for each (grader.classroom.judge), made in judge
+"""Judging a cohort's runs as they finish: a row for each (grader.classroom.cohort.judge), made in judge
 processes while the workers go on, or in this thread.
 
 Judging — replaying every check against the reference and naming known mistakes — costs more
 than running a submission, so one thread judging after the other would leave the workers idle
 and the machine half used. Judge processes are forked from the warm server that forks the
-workers (grader.classroom.cohort.start_server): they never run learner code, only read the
+workers (grader.classroom.cohort.sandbox.start_server): they never run learner code, only read the
 records the workers wrote, as this process does, so forking them from it is safe. Each keeps the
-reference's outputs it has computed and the Hypothesis runs it has replayed (grader.classroom.memo)
+reference's outputs it has computed and the Hypothesis runs it has replayed (grader.classroom.cohort.memo)
 for the rows it judges next, and uses one torch thread: two judges' worth of intra-op threads
 fighting the workers for two cores made each small op take milliseconds. Should a judge process
 die, the rows it had are judged here instead; a row never depends on where it was judged.
@@ -18,8 +18,8 @@ import queue
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from grader.classroom import judge
-from grader.classroom.memo import Memo
+from grader.classroom.cohort import judge
+from grader.classroom.cohort.memo import Memo
 
 
 def count(settings) -> int:

@@ -1,5 +1,5 @@
 """The reference's outputs, remembered across a cohort: judging replays every check against the
-reference (grader.classroom.replay) and runs the known mistakes on failing inputs (grader.diagnosis),
+reference (grader.classroom.cohort.replay) and runs the known mistakes on failing inputs (grader.engine.diagnosis),
 and each of those computes the reference's output on the same inputs again, submission after
 submission and mistake after mistake. The same checks with the same seed draw the same inputs,
 so the reference's answer to a ``ctx.differential`` depends only on where it was asked:
@@ -12,7 +12,7 @@ steer what it asks next): in a replay, no learner's function replayed in the che
 known mistake, which runs one body, none of its names used outside a differential. Contexts ask
 ``Memo.output`` with such a key, or with None where that does not hold; what is handed out is
 always a copy, so nothing a check does to it changes the memory.
-A Memo also keeps Hypothesis' runs of the replays (``runs``, grader.classroom.traces). It lives in
+A Memo also keeps Hypothesis' runs of the replays (``runs``, grader.classroom.cohort.traces). It lives in
 a trusted judging process only, never in a worker.
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Callable
 
 import torch
 
-from grader.classroom import traces
+from grader.classroom.cohort import traces
 from grader.engine import Ctx
-from grader.targets import Target
+from grader.engine.targets import Target
 
 BUDGET = 256 * 2**20  # bytes of tensors remembered at most, per judging process; the least recently used go first
 
@@ -39,7 +39,7 @@ class Memo:
         self.entries: collections.OrderedDict = collections.OrderedDict()  # key -> (value, bytes)
         self.bytes = 0
         self.hits = self.misses = 0
-        self.runs = traces.Runs()  # Hypothesis' runs, by forall call site (grader.classroom.traces)
+        self.runs = traces.Runs()  # Hypothesis' runs, by forall call site (grader.classroom.cohort.traces)
 
     def output(self, key, compute: Callable):
         """A copy of what ``compute()`` returned for ``key``, computed now if not remembered (always

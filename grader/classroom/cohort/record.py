@@ -1,11 +1,11 @@
 """Record and replay: grade a file in two processes, so that nothing its code does (patching
 torch or the grader, returning objects that lie about themselves) turns a failing comparison into
-a passing one. This module is the recording half; grader.classroom.replay is the other.
+a passing one. This module is the recording half; grader.classroom.cohort.replay is the other.
 
-*Recording* runs in the learner's process (untrusted, see grader.classroom.worker). Every check
+*Recording* runs in the learner's process (untrusted, see grader.classroom.cohort.worker). Every check
 runs as usual and draws the same examples, but nothing a reference would decide is decided there:
 what the learner's code hands to ``ctx.differential``, and what each of the learner's functions
-returns (or raises, or changes in its arguments), is written down as plain data (grader.classroom.plain).
+returns (or raises, or changes in its arguments), is written down as plain data (grader.engine.plain).
 A failing body is written down too, and generation goes on, so the record holds every input the
 replay side can ask for until its first failure.
 
@@ -18,8 +18,8 @@ import functools
 import inspect
 
 from grader.engine import UNSET, CheckTimeout, Ctx, Failure, NotImplementedYet, run_body
-from grader.classroom.plain import describe_exception, observation, same
-from grader.targets import Target
+from grader.engine.plain import describe_exception, observation, same
+from grader.engine.targets import Target
 
 
 def example_key(body: int, example) -> str:

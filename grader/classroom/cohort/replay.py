@@ -1,5 +1,5 @@
 """Replay: judge a learner's run from its record, in a process that never runs the learner's code.
-The design is described in grader.classroom.record; this is the grader's half.
+The design is described in grader.classroom.cohort.record; this is the grader's half.
 
 The same checks with the same seed draw the same examples (grader.engine.same_draws);
 ``differential`` compares the recorded value with the reference computed here (tier 1); a name
@@ -15,14 +15,13 @@ import inspect
 
 import torch
 
-from grader import report
-from grader.engine import UNSET, Ctx, Failure, LearnerCrash, NotImplementedYet, Unrecorded
-from grader.classroom import memo as memory
-from grader.classroom import traces
-from grader.classroom.plain import Replayed, is_data, opaque, rebuild_exception
+from grader.engine import Ctx, Failure, LearnerCrash, NotImplementedYet, report, Unrecorded, UNSET
+from grader.classroom.cohort import memo as memory
+from grader.classroom.cohort import traces
+from grader.engine.plain import Replayed, is_data, opaque, rebuild_exception
 from grader.engine import same_draws
-from grader.classroom.record import example_key, is_function
-from grader.targets import Target
+from grader.classroom.cohort.record import example_key, is_function
+from grader.engine.targets import Target
 
 NO_RECORD = ("the process that ran your code kept no record of this input, so the result cannot be trusted "
              "(did your code stop the grader, or change it?)")
@@ -36,7 +35,7 @@ class ReplayCtx(Ctx):
     def __init__(self, executions: dict, label: str, reference: Target, device, seed: int = 0,
                  memo: memory.Memo | None = None):
         super().__init__(Target(label, label, {}), reference, device, seed)
-        self.memo = memo  # the reference's outputs remembered across the cohort (grader.classroom.memo), or None
+        self.memo = memo  # the reference's outputs remembered across the cohort (grader.classroom.cohort.memo), or None
         self.steered = False  # a learner's function was replayed in this check: its results may steer what follows
         self.tracer: traces.Tracer | None = None  # the forall going on, where runs are remembered
         self.executions = executions
@@ -65,7 +64,7 @@ class ReplayCtx(Ctx):
             super().forall(seen, replayed, max_examples)
 
     def explore(self, strategy, test, max_examples: int) -> None:
-        """Hypothesis' run, or the walk of a remembered one (grader.classroom.traces)."""
+        """Hypothesis' run, or the walk of a remembered one (grader.classroom.cohort.traces)."""
         tracer, self.tracer = self.tracer, None
         if tracer is None:
             return super().explore(strategy, test, max_examples)
@@ -264,7 +263,7 @@ class _ReplayFunction:
         given = (*args, *kwargs.values())
         if not all(is_data(a) for a in given) or any(_stand_in(a) for a in given):
             # an object (a model, a generator) the learner's code may have used, or the stand-in device
-            # (grader.checks.devices), whose tensors only the learner's process has: not replayable
+            # (grader.checks.support.devices), whose tensors only the learner's process has: not replayable
             raise NeedsLearner()
         entry = self._cursor.take("call", self.__name__)
         for where, value in entry.get("mutated") or []:

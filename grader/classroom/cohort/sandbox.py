@@ -1,14 +1,14 @@
 """Grading many submissions, each isolated: the engine of ``kvkata grade``.
 
-Each submission × kata runs in a worker process of its own (grader.classroom.worker) with a time
+Each submission × kata runs in a worker process of its own (grader.classroom.cohort.worker) with a time
 limit, a memory limit and an audit hook, in parallel, in a sandbox folder holding a copy of the
 submitted file. Workers are forked from a warm server that has imported torch and the grader once
 (multiprocessing's forkserver), so a worker costs a fork instead of a Python start and a torch
 import; each one still gets its own process, session, folder, limits and audit hook, all applied
 after the fork. Where there is no forkserver (Windows), each worker is a fresh interpreter. The
 worker only records what the learner's code did; processes that never run learner code replay the
-records against the reference (grader.classroom.replay) and make the rows: judge processes forked
-from the same warm server while the workers go on, or this one (grader.classroom.judging).
+records against the reference (grader.classroom.cohort.replay) and make the rows: judge processes forked
+from the same warm server while the workers go on, or this one (grader.classroom.cohort.judging).
 A worker that hangs, crashes, exits, floods its output or tampers with the grader gets an honest
 failing row; no worker can change another row or stop the run.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 from grader import manifest
 
 OUTPUT_CAP = 64 * 1024  # bytes of a worker's output kept for the report
-WORKER = "grader.classroom.worker"  # the module each worker runs
+WORKER = "grader.classroom.cohort.worker"  # the module each worker runs
 
 
 @dataclass
@@ -46,8 +46,8 @@ class Settings:
     file_mb: int = 64  # the largest file a worker may write
     jobs: int = 1
     warm: bool = "forkserver" in multiprocessing.get_all_start_methods()  # fork workers from a warm server
-    judges: int | None = None  # judge processes when warm (grader.classroom.judging); None: one per job; 0: judge here
-    remember: bool = True  # judges remember the reference's outputs and Hypothesis' runs (grader.classroom.memo)
+    judges: int | None = None  # judge processes when warm (grader.classroom.cohort.judging); None: one per job; 0: judge here
+    remember: bool = True  # judges remember the reference's outputs and Hypothesis' runs (grader.classroom.cohort.memo)
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Forked:
 
 
 def _forked_worker(worker: str, spec_path: str, output, environment: dict) -> None:
-    """In the forked child: become what a fresh ``python -m grader.classroom.worker`` would be (its
+    """In the forked child: become what a fresh ``python -m grader.classroom.cohort.worker`` would be (its
     own session, output, folder and environment), then grade."""
     os.setsid()  # its own process group, which the parent kills at the time limit
     os.dup2(output.fileno(), 1)
@@ -156,7 +156,7 @@ def start_server(katas: list[manifest.Kata]) -> None:
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [WORKER, "grader.classroom.record", *[f"grader.checks.k{k.id}" for k in katas], "grader.classroom.server"])
+        [WORKER, "grader.classroom.cohort.record", *[f"grader.checks.k{k.id}" for k in katas], "grader.classroom.cohort.server"])
     fixed = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with _environ(fixed):
         forkserver.ensure_running()
@@ -230,8 +230,8 @@ def kill(proc) -> None:
 # -- rows -----------------------------------------------------------------------------------
 def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
     """One row per job, in the order of ``jobs``; workers run ``settings.jobs`` at a time, and
-    each is judged as it finishes (grader.classroom.judging)."""
-    from grader.classroom import judge, judging
+    each is judged as it finishes (grader.classroom.cohort.judging)."""
+    from grader.classroom.cohort import judge, judging
 
     roots = sorted({j.root.resolve() for j in jobs})
     if settings.warm:

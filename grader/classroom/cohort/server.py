@@ -1,4 +1,4 @@
-"""Imported by the warm server (grader.classroom.cohort.start_server) after the grader and before
+"""Imported by the warm server (grader.classroom.cohort.sandbox.start_server) after the grader and before
 it forks any worker or judge: work that every forked process would otherwise repeat, done once.
 
 The first time a process runs a Hypothesis test case, Hypothesis creates its global Random and

@@ -1,6 +1,6 @@
 """Hypothesis runs remembered while a cohort is judged, and walked again instead of drawing.
 
-Replaying a check (grader.classroom.replay) runs Hypothesis as the learner's process did: it draws
+Replaying a check (grader.classroom.cohort.replay) runs Hypothesis as the learner's process did: it draws
 every input again and, once one fails, shrinks, drawing hundreds of candidates that the record
 mostly does not hold. Drawing is most of what replaying costs, and it is the same work for every
 submission: with the same seed, what Hypothesis does next depends only on what it was told so
@@ -32,7 +32,7 @@ _UNKNOWN = object()
 
 
 class Runs:
-    """The remembered runs of every call site (a judging process' memory, grader.classroom.memo)."""
+    """The remembered runs of every call site (a judging process' memory, grader.classroom.cohort.memo)."""
 
     def __init__(self, budget: int = CALLS):
         self.sites: dict = {}  # site key -> the first call of its runs

@@ -1,6 +1,6 @@
 """The learner's side of ``kvkata grade``: one submission × kata, in a process of its own.
 
-``python -m grader.classroom.worker SPEC.json`` — started by grader.classroom.cohort, never by hand. It
+``python -m grader.classroom.cohort.worker SPEC.json`` — started by grader.classroom.cohort.sandbox, never by hand. It
 
 1. limits the size of any file it writes, and core dumps;
 2. imports torch, the kata's checks and the reference, and warms the device up;
@@ -14,10 +14,10 @@
    the learner's code allocates, not torch's own libraries (the CUDA build maps gigabytes at
    import); on a CUDA device the learner's device memory is capped at the budget too;
 6. imports the learner's file (a copy in the sandbox) and runs every check with a RecordingCtx,
-   writing one record a check into ``out/`` (plain data, see grader.classroom.plain), with what the audit hook
+   writing one record a check into ``out/`` (plain data, see grader.engine.plain), with what the audit hook
    and the snapshot found.
 
-Nothing here decides a grade: the parent replays the records against the reference (grader.classroom.replay).
+Nothing here decides a grade: the parent replays the records against the reference (grader.classroom.cohort.replay).
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ class Guard:
 
     def save(self, path: Path, data: dict) -> None:
         """Write a record (plain data) with what was found so far; only this may write records."""
-        from grader.classroom import plain
+        from grader.engine import plain
 
         data["tamper"] = self.report()
         self.saving = True
@@ -225,7 +225,7 @@ def hidden_reference(kata):
     linecache, where the learner's code could have picked it up."""
     import linecache
 
-    from grader import targets
+    from grader.engine import targets
 
     reference = targets.reference(kata)
     for name in [n for n in sys.modules if n.startswith("kvkata_target_")]:
@@ -245,7 +245,7 @@ def warm_up(device) -> None:
 
 def run_checks(spec: dict, target, reference, device, kata_checks, guard: Guard) -> None:
     from grader.engine import run_check
-    from grader.classroom.record import RecordingCtx
+    from grader.classroom.cohort.record import RecordingCtx
 
     out = Path(spec["out"])
     for index, check in enumerate(kata_checks):
@@ -264,7 +264,8 @@ def grade(spec: dict) -> int:
     limit_files(spec)
     import torch
 
-    from grader import checks, manifest, targets
+    from grader import checks, manifest
+    from grader.engine import targets
 
     torch.set_num_threads(int(spec.get("threads", 1)))
     kata = manifest.get(spec["kata"])
@@ -300,7 +301,7 @@ def _leave(code: int) -> None:
 
 
 def forked(spec_path: str) -> None:
-    """A worker forked from grader.classroom.cohort's warm server, already in its sandbox: grade, then leave
+    """A worker forked from grader.classroom.cohort.sandbox's warm server, already in its sandbox: grade, then leave
     as the fresh process would."""
     code = 1
     try:
