@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from grader import manifest
-from grader.engine import targets
+from grader.bench.shared import reference
 from grader.nn import attend
 
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128  # shaped like an 8-billion-parameter Llama, one sequence
 OUTLIERS = (3, 40, 77, 101)  # key channels that are large in every token
-
-
-def _reference(kata_id: str) -> dict:
-    return targets.reference(manifest.get(kata_id)).namespace
 
 
 def outlier_keys(tokens: int, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,7 +30,7 @@ def outlier_keys(tokens: int, device: torch.device, seed: int = 0) -> tuple[torc
 
 
 def bench_bytes(lengths: list[int], device: torch.device, progress) -> list[dict]:
-    ref, fp16 = _reference("09"), _reference("04")["kv_cache_bytes"]
+    ref, fp16 = reference("09"), reference("04")["kv_cache_bytes"]
     rows = []
     for residual in (32, 128):
         for bits in (2, 4, 8):
@@ -70,7 +65,7 @@ def _queries(k: torch.Tensor, queries: int, rep: int = 4) -> torch.Tensor:
 
 
 def bench_error(tokens: int, device: torch.device, progress, residual: int = 32, queries: int = 16) -> list[dict]:
-    ref = _reference("09")
+    ref = reference("09")
     k, v = outlier_keys(tokens, device)
     q = _queries(k, queries)
     sees_all = torch.ones(1, 1, queries, tokens, dtype=torch.bool, device=device)

@@ -13,6 +13,8 @@ import torch
 
 from grader import manifest
 from grader.engine import targets
+from grader.bench.shared import GENERATE_CONFIG
+from grader.nn import Llama, LlamaConfig
 from grader.paged import PagedKVCache
 
 BLOCK_SIZE = 16
@@ -31,8 +33,6 @@ class _PeakCache(PagedKVCache):
 
 def bench_beam(device: torch.device, progress, quick: bool, beams=(4, 8)) -> list[dict]:
     """One row per beam count: peak shared blocks, dense blocks, both in bytes, and the search time."""
-    from grader.bench.suite import GENERATE_CONFIG
-    from grader.nn import Llama, LlamaConfig
 
     prompt_len, new_tokens = (256, 16) if quick else (1024, 32)
     torch.manual_seed(0)

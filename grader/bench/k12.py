@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from grader.bench.shared import reference
 from grader.nn import Llama, LlamaConfig
 
 TARGET_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=6,
@@ -58,8 +59,6 @@ def _timed(run, repeats: int, device: torch.device):
 def bench_speculative(device: torch.device, progress, quick: bool, new_tokens: int | None = None,
                       k: int = 4) -> list[dict]:
     """Tokens/s and target forwards per token: plain greedy, then speculative with each draft."""
-    from grader.bench.suite import reference
-
     N = new_tokens or (32 if quick else 96)
     repeats = 1 if quick else 3
     target, drafts = _models(device)

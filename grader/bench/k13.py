@@ -16,6 +16,7 @@ import time
 import torch
 
 from grader import manifest
+from grader.nn import Llama, LlamaConfig
 from grader.engine import targets
 
 SERVING_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -92,7 +93,6 @@ def _summary(name, seconds, work, first, last, extra=None) -> dict:
 
 def bench_serving(device: torch.device, progress, quick: bool, n_requests: int | None = None) -> list[dict]:
     """One row for serve, one for static batches; serve's row carries blocks in use over time."""
-    from grader.nn import Llama, LlamaConfig
 
     ns = {k: targets.reference(manifest.get(k)).namespace for k in ("08", "13")}
     torch.manual_seed(0)

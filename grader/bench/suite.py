@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -33,22 +32,16 @@ from pathlib import Path
 
 import torch
 
-from grader import manifest
 from grader.bench import k09 as bench_k09
 from grader.bench import k12 as bench_k12
 from grader.bench import k13 as bench_k13
-from grader.engine import targets
 from grader.bench.k11 import bench_beam
-from grader.nn import attend
+from grader.bench.shared import GENERATE_CONFIG, reference
+from grader.checks.k10_programs import prefix_workload
+from grader.nn import Llama, LlamaConfig, attend
 
 HEADS, HEAD_DIM = 8, 64
-GENERATE_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256)
 NEW_TOKENS = 64
-
-
-def reference(kata_id: str) -> dict:
-    return targets.reference(manifest.get(kata_id)).namespace
 
 
 class Progress:
@@ -202,7 +195,6 @@ def _hf_generate(hf, prompts: list[list[int]], max_new_tokens: int):
 
 def bench_generate(batches: list[int], device: torch.device, progress: Progress,
                    new_tokens: int = NEW_TOKENS, with_hf: bool = True, repeats: int = 3) -> list[dict]:
-    from grader.nn import Llama, LlamaConfig
 
     torch.manual_seed(0)
     model = Llama(LlamaConfig(**GENERATE_CONFIG)).to(device).eval()
@@ -276,14 +268,6 @@ def bench_memory(device: torch.device, progress: Progress) -> list[dict]:
 
 
 # -- prefix caching (kata 10) ---------------------------------------------------------------------
-def prefix_workload(requests: int = 32, prefix: int = 512, suffix: tuple[int, int] = (32, 128),
-                    seed: int = 0) -> list[list[int]]:
-    """Prompts that share one ``prefix``-token system prompt, then diverge (own tokens, ``suffix`` long)."""
-    rng = random.Random(seed)
-    system = [rng.randrange(32000) for _ in range(prefix)]
-    return [system + [rng.randrange(32000) for _ in range(rng.randint(*suffix))] for _ in range(requests)]
-
-
 def bench_prefix_cache(device: torch.device, progress: Progress, quick: bool) -> list[dict]:
     """Prefill tokens computed and blocks held, without and with prefix caching (the reference of kata 10).
 

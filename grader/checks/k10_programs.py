@@ -9,6 +9,8 @@ nothing changed. Failures carry id-free ``observed`` values, so diagnosis is sta
 """
 from __future__ import annotations
 
+import random
+
 from hypothesis import strategies as st
 
 from grader.engine import Failure, GraderBug
@@ -246,3 +248,12 @@ class Replay:
 
 def replay(c, ex) -> None:
     Replay(c, ex).run()
+
+
+# -- a workload of many requests (the benchmark and the picture of kata 10) ------------------------
+def prefix_workload(requests: int = 32, prefix: int = 512, suffix: tuple[int, int] = (32, 128),
+                    seed: int = 0) -> list[list[int]]:
+    """Prompts that share one ``prefix``-token system prompt, then diverge (own tokens, ``suffix`` long)."""
+    rng = random.Random(seed)
+    system = [rng.randrange(32000) for _ in range(prefix)]
+    return [system + [rng.randrange(32000) for _ in range(rng.randint(*suffix))] for _ in range(requests)]

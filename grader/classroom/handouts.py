@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 from grader import manifest, state
-from grader.learner import tools as learner
 from grader.errors import UsageError
+from grader.public_record import tape
+from grader.stubs import pristine_stub
 
 STUDENT_README = """# KV-cache katas — level {level} handout
 
@@ -147,7 +148,7 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
     if "06" in ids:  # grader/paged.py is kata 06's reference: here the later katas build on the student's own
         (dest / "paged.py").write_text(PAGED_SHIM, encoding="utf-8")
     for k in katas:
-        stub, _ = learner.pristine_stub(k)
+        stub, _ = pristine_stub(k)
         state.write_atomic(dest / "pristine" / k.id / k.file, stub.encode("utf-8"))
 
 
@@ -160,8 +161,6 @@ def _pyproject() -> str:
 def record_public(dest: Path, katas: list[manifest.Kata], say=None) -> dict[str, dict]:
     """Write each kata's public record into ``dest`` (a handout's grader/public); per kata, what it
     holds: public checks of all, and the known mistakes they catch (measured on the public inputs)."""
-    from grader.public_record import tape
-
     shares = {}
     if say:
         say("recording each kata's public checks: the reference and every known mistake on the public inputs")
@@ -213,7 +212,7 @@ def assign(level: int, out: str | None, only: bool = False, force: bool = False,
 def _fill(build: Path, katas: list[manifest.Kata], level: int, ci: bool, say) -> list[str]:
     root, notebooks = manifest.REPO_ROOT, []
     for k in katas:
-        stub, _ = learner.pristine_stub(k)
+        stub, _ = pristine_stub(k)
         state.write_atomic(build / k.stub, stub.encode("utf-8"))
         shutil.copyfile(root / k.readme, build / k.readme)
         if (root / k.notebook).is_file():

@@ -74,6 +74,7 @@ class Check:
     title: str
     func: Callable
     uses: str  # the API name the check exercises first: "repeat_kv", "GQAttention.forward"
+    family: list = field(default_factory=list, repr=False, compare=False)  # every check of the kata, this one too
 
     @property
     def id(self) -> str:
@@ -91,7 +92,7 @@ class Checks:
         def register(func):
             if any(c.id == func.__name__ for c in self.all):
                 raise ValueError(f"kata {self.kata}: two checks named {func.__name__}")
-            self.all.append(Check(self.kata, title, func, uses))
+            self.all.append(Check(self.kata, title, func, uses, self.all))
             return func
 
         return register

@@ -172,9 +172,7 @@ def pool(check, ctx: Ctx, failure: Failure) -> list[tuple]:
 def siblings(check, ctx: Ctx, per_call: int = 3):
     """(check, site, input) of the kata's other checks, lazily: every pinned case first (written to
     tell bugs apart, and nothing to draw), then a few drawn inputs of each ``forall``."""
-    from grader import checks  # the catalogue of checks builds on the engine
-
-    others = [(other, sites(other, ctx)) for other in checks.for_kata(check.kata).all if other.id != check.id]
+    others = [(other, sites(other, ctx)) for other in check.family if other.id != check.id]
     for other, listed in others:
         for site in listed:
             if site.strategy is None:

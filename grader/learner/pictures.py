@@ -299,7 +299,7 @@ def plot_prefix_cache(block_size: int = 4, system: int = 8):
     from matplotlib.patches import Patch
 
     ref, plt = _reference("10"), _pyplot()
-    from grader.bench.suite import prefix_workload
+    from grader.checks.k10_programs import prefix_workload
 
     base = list(range(100, 100 + system))
     prompts = {"request 0": base + [1, 2, 3, 4, 5], "request 1": base + [6, 7, 8],

@@ -17,6 +17,7 @@ from pathlib import Path
 from grader import manifest, state
 from grader.learner import tools as learner
 from grader.errors import UsageError
+from grader.stubs import pristine_stub
 
 SESSION = "session.json"
 HISTORY = "history.json"
@@ -79,7 +80,7 @@ def start(k: manifest.Kata, minutes: int | None, abandon: bool) -> str:
                          "a new one with `kvkata interview ... --abandon`")
     if minutes is not None and minutes <= 0:
         raise UsageError(f"--minutes: expected a positive number of minutes, got {minutes}")
-    stub, _ = learner.pristine_stub(k)
+    stub, _ = pristine_stub(k)
     notes = [_abandon(open_session)] if open_session else []
     now = time.time()
     session_id = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f"-{k.id}"
@@ -162,7 +163,7 @@ def submit(device: str = "cpu", timeout: float | None = None) -> tuple[str, int]
     entry = _entry(session, results, time.time())
     _append_history(entry)  # first the record, then closing: a crash in between loses nothing
     _path(SESSION).unlink(missing_ok=True)
-    from grader import grade
+    from grader import grade  # here, not at the top: grading imports torch, and `kvkata` starts without it
 
     minutes, seconds = divmod(int(entry["elapsed_s"]), 60)
     timing = f"time: {minutes}:{seconds:02d} of {session['minutes']}:00"

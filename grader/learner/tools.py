@@ -9,19 +9,16 @@ Outside git (a handout), ``grader/pristine/NN/<file>`` is used when ``kvkata ass
 """
 from __future__ import annotations
 
-import ast
 import difflib
-import subprocess
 import time
 from pathlib import Path
 
 from grader import manifest, state
 from grader.errors import UsageError
+from grader.stubs import pristine_stub
 
 HINTS = "hints.json"
 BACKUPS = "backups"
-PRISTINE_DIR = manifest.PACKAGE_DIR / "pristine"
-GIT_DEPTH = 50  # commits of a stub's history searched for the untouched version
 MARKS = {"pass": "✓", "not-implemented": "·"}
 
 
@@ -37,7 +34,7 @@ def kata(kata_id: str) -> manifest.Kata:
 def grade_file(k: manifest.Kata, spec: str, device: str = "cpu", seed: int = 0, timeout: float | None = None):
     """Results of every check of ``k`` on ``spec`` ("stub" or a path); a file that will not import
     fails every check with the reason, as the pytest plugin does."""
-    from grader import grade
+    from grader import grade  # here, not at the top: grading imports torch, and `kvkata` starts without it
     from grader.engine import report, Result, targets
 
     if not grade.gradable(k):
@@ -88,8 +85,14 @@ def append_summary(path: str, lines: list[str]) -> None:
         out.write("### KV-cache katas: public checks\n\n" + "\n".join(lines) + "\n")
 
 
+def saved_results() -> dict:
+    """The latest results of each kata, as the board shows them."""
+    results = state.load_results()
+    return {k: v for k, v in results.items() if isinstance(v, dict)} if isinstance(results, dict) else {}
+
+
 def save_results(k: manifest.Kata, results, device: str) -> None:
-    from grader import grade
+    from grader import grade  # here, not at the top: grading imports torch, and `kvkata` starts without it
 
     state.save_results(grade.record(k, results, "stub", device))
 
@@ -99,59 +102,6 @@ def forget_results(kata_id: str) -> None:
     results = state.read_json(path, {})
     if isinstance(results, dict) and results.pop(kata_id, None) is not None:
         state.write_json(path, results)
-
-
-# -- the untouched stub ---------------------------------------------------------------------
-def looks_untouched(source: str) -> bool:
-    """Whether every public function, and every public method but ``__init__``, raises
-    NotImplementedError — the shape of a stub nobody has started."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    bodies = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
-            bodies.append(node)
-        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-            bodies += [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
-                       and m.name != "__init__" and (m.name.startswith("__") or not m.name.startswith("_"))]
-    return bool(bodies) and all(_raises_not_implemented(b) for b in bodies)
-
-
-def _raises_not_implemented(fn) -> bool:
-    return any(isinstance(s, ast.Raise) and s.exc is not None and "NotImplementedError" in ast.unparse(s.exc)
-               for s in fn.body)
-
-
-def _git_versions(relpath: str, root: Path):
-    """(text, origin) of each committed version of ``relpath``, newest first; nothing outside git."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60)
-
-    try:
-        log = git("log", f"-n{GIT_DEPTH}", "--format=%H", "--", relpath)
-        if log.returncode != 0:
-            return
-        for commit in log.stdout.split():
-            shown = git("show", f"{commit}:./{relpath}")
-            if shown.returncode == 0:
-                yield shown.stdout, f"git commit {commit[:10]}"
-    except (OSError, subprocess.SubprocessError):
-        return
-
-
-def pristine_stub(k: manifest.Kata) -> tuple[str, str]:
-    """The untouched stub of ``k`` and where it was found."""
-    for text, origin in _git_versions(k.stub, manifest.REPO_ROOT):
-        if looks_untouched(text):
-            return text, origin
-    kept = PRISTINE_DIR / k.id / k.file
-    if kept.is_file():
-        return kept.read_text(encoding="utf-8"), str(kept)
-    raise UsageError(
-        f"cannot find the untouched stub of kata {k.id}: no committed version of {k.stub} in git looks "
-        f"untouched, and {kept} does not exist. Clone the repository again (or ask for the handout) to get it.")
 
 
 # -- hints ----------------------------------------------------------------------------------

@@ -130,9 +130,7 @@ def verdict(k: manifest.Kata, results: list | None, why: str, seconds: float) ->
 def next_pending(katas: list[manifest.Kata], after: manifest.Kata | None = None) -> manifest.Kata | None:
     """The first kata whose latest results do not all pass: from the start, or the ones after
     ``after`` (then round to the ones before it)."""
-    from grader.cli import _saved
-
-    saved = _saved()
+    saved = learner.saved_results()
     order = katas if after is None else [k for k in katas if k.id > after.id] + [k for k in katas if k.id < after.id]
     for k in order:
         entry = saved.get(k.id, {})

@@ -25,8 +25,11 @@ import torch
 
 from grader import checks, manifest, mistakes
 from grader.engine import diagnosis, targets
+from grader.engine import plain as plain_io
+from grader.engine import report
 from grader.engine.plain import NotPlain, describe_exception, observation, opaque, plain
 from grader.engine import Ctx, GraderBug, run_check
+from grader.runtime import single_thread
 
 PUBLIC_SEED = 8191  # never the grading seed: tuning to the public inputs does not pass grading
 VERSION = 1
@@ -116,8 +119,6 @@ class Recorder(Ctx):
         seen = observation(expected)
         if opaque(seen):
             self.unplain.setdefault(str(self.running), f"the reference returned {opaque(seen)}")
-        from grader.engine import report  # the engine's comparison, as the handout will make it
-
         if report.compare(expected, again):
             raise GraderBug(f"the reference gives different results on the same input {example!r}: "
                             "its results cannot be recorded")
@@ -213,9 +214,7 @@ def record(kata_id: str, device="cpu", seed: int = PUBLIC_SEED, progress=None) -
 
 
 def _record(kata_id: str, device, seed: int, progress) -> dict:
-    from grader import grade
-
-    grade.single_thread()
+    single_thread()
     kata = manifest.get(kata_id)
     reference = targets.reference(kata)
     recorder = Recorder(reference, device, seed)
@@ -276,7 +275,5 @@ def share(tape: dict) -> dict:
 
 
 def save(path: Path, tape: dict) -> None:
-    from grader.engine import plain as plain_io
-
     path.parent.mkdir(parents=True, exist_ok=True)
     plain_io.save(path, tape)
