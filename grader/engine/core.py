@@ -26,6 +26,7 @@ from grader.engine import report
 from grader.engine.targets import Target
 
 UNSET = object()  # "observed" not given: a failure no known mistake can be matched against
+NOT_RECORDED = object()  # Ctx.outcome_of: this context does not know, the mistake must run
 
 
 class Failure(Exception):
@@ -128,14 +129,13 @@ class Api:
 class Ctx:
     """What a check body sees: the target under test (``t``), the reference (``ref``), the device."""
 
-    def __init__(self, target: Target, reference: Target, device: torch.device, seed: int = 0, examples_scale: float = 1.0):
+    def __init__(self, target: Target, reference: Target, device: torch.device, seed: int = 0):
         self.target = target
         self.reference = reference
         self.t = Api(target)
         self.ref = Api(reference)
         self.device = torch.device(device)
         self.seed = seed
-        self.examples_scale = examples_scale
         self.calls = 0  # forall/case calls of the running check so far
         self.running: str | None = None  # the id of the running check
         # call number -> (input, None or its Failure) in the order the running check ran them, until the
@@ -144,8 +144,8 @@ class Ctx:
 
     def with_target(self, target: Target, site: tuple[str, int] | None = None) -> "Ctx":
         """A context for ``target``; ``site`` (check id, forall/case call number): the one body it will run,
-        for contexts that remember the reference's outputs (grader.classroom.cohort.memo)."""
-        return Ctx(target, self.reference, self.device, self.seed, self.examples_scale)
+        for contexts that remember the reference's outputs per body."""
+        return Ctx(target, self.reference, self.device, self.seed)
 
     # -- drawing inputs -------------------------------------------------------------------
     def forall(self, strategy: st.SearchStrategy, body: Callable, max_examples: int = 20) -> None:
@@ -170,13 +170,13 @@ class Ctx:
 
     def explore(self, strategy: st.SearchStrategy, test: Callable, max_examples: int) -> None:
         """Hypothesis runs ``test(example)`` on inputs drawn from ``strategy``, shrinks the first failure and
-        raises it (the classroom's replay walks remembered runs instead, grader.classroom.cohort.traces)."""
+        raises it (a context that replays a remembered run walks it instead)."""
         phases = (Phase.explicit, Phase.generate, Phase.shrink)
         self.hypothesis_settings(max_examples, phases)(seed(self.seed)(given(strategy)(test)))()
 
     def hypothesis_settings(self, max_examples: int, phases) -> settings:
         """How ``forall`` runs Hypothesis (grader.engine.diagnosis draws the same examples again with it)."""
-        return settings(max_examples=max(1, int(max_examples * self.examples_scale)), deadline=None, database=None,
+        return settings(max_examples=max(1, max_examples), deadline=None, database=None,
                         derandomize=False, phases=phases, suppress_health_check=list(HealthCheck),
                         report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)
 
@@ -191,6 +191,17 @@ class Ctx:
                 raise
         self.seen[self.calls] = [(example, None)]
 
+    # -- what a context may know without running anything (defaults: nothing) ---------------------
+    def examples_of(self, check: str, number: int) -> list | None:
+        """The inputs the ``number``-th ``forall`` of ``check`` runs when they are fixed in advance (a
+        record of them); None: Hypothesis draws them with this context's seed."""
+        return None
+
+    def outcome_of(self, mistake: str, check: str, number: int, example):
+        """What a known mistake did in that body on that input, when this context knows it without
+        running the mistake (a record of it); ``NOT_RECORDED``: run the mistake to know."""
+        return NOT_RECORDED
+
     def learner_body(self, number: int, body: Callable, check: str) -> Callable:
         """``body`` of the ``number``-th forall/case call of ``check``, as it runs the learner's code here."""
         return body
@@ -202,7 +213,7 @@ class Ctx:
         self.compare(example, expected, run(self.t, example), what)
 
     def expected(self, example: dict, run: Callable, what: str = ""):
-        """``run(api, example)`` on the reference (the classroom's contexts remember it, grader.classroom.cohort.memo)."""
+        """``run(api, example)`` on the reference (a context may remember it, or answer from a record)."""
         try:
             return run(self.ref, example)
         except BaseException as exc:

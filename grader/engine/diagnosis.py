@@ -26,9 +26,9 @@ from typing import Callable
 from hypothesis import Phase, given, seed
 
 from grader.engine import report
+from grader.engine.core import (NOT_RECORDED, UNSET, CheckTimeout, Ctx, Failure, GraderBug, NotImplementedYet,
+                                Unrecorded, run_body, same_draws, time_limit)
 from grader.engine.targets import Target
-from grader.engine.core import (UNSET, CheckTimeout, Ctx, Failure, GraderBug, NotImplementedYet, Unrecorded, run_body,
-                                same_draws, time_limit)
 
 CONFIRM = 6  # further inputs the learner's code runs on, at most
 POOL = 10  # inputs the suspects run on, to choose those ``CONFIRM`` from
@@ -54,8 +54,7 @@ class Lister(Ctx):
     """Runs a check function only to write down its ``forall`` and ``case`` calls."""
 
     def __init__(self, like: Ctx):  # no learner code: a check that calls it outside a body lists nothing
-        super().__init__(Target("listing", "<listing>", {}), like.reference, like.device, like.seed,
-                         like.examples_scale)
+        super().__init__(Target("listing", "<listing>", {}), like.reference, like.device, like.seed)
         self.sites: list[Site] = []
 
     def forall(self, strategy, body: Callable, max_examples: int = 20) -> None:
@@ -86,10 +85,10 @@ def drawn(ctx: Ctx, check, site: Site) -> list:
     """The examples ``ctx.forall`` generates for ``site`` (the same seed, the same settings), or its case."""
     if site.strategy is None:
         return [site.example]
-    recorded = getattr(ctx, "examples_of", None)  # a handout's public checks run the recorded inputs
+    recorded = ctx.examples_of(check.id, site.number)  # a handout's public checks run the recorded inputs
     if recorded is not None:
-        return recorded(check.id, site.number)
-    key = (check.kata, check.id, str(ctx.device), site.number, ctx.seed, ctx.examples_scale)
+        return recorded
+    key = (check.kata, check.id, str(ctx.device), site.number, ctx.seed)
     if key not in _DRAWN:
         _DRAWN[key] = _draw(ctx, site)
     return _DRAWN[key]
@@ -217,11 +216,10 @@ REMEMBERED = 50_000  # entries of _THEIRS kept at most (a long classroom run mee
 def theirs(ctx: Ctx, mistake, target, check_id: str, site_number: int, body: Callable, example,
            seconds: float = FURTHER_SECONDS):
     """``outcome`` of a known mistake, remembered (per check, call, input, device and seed)."""
-    recorded = getattr(ctx, "outcome_of", None)  # a handout knows mistakes by what they were recorded doing
-    if recorded is not None:
-        return recorded(mistake.name, check_id, site_number, example)
-    key = (mistake.name, target.filename, check_id, site_number, repr(example), str(ctx.device), ctx.seed,
-           ctx.examples_scale)
+    recorded = ctx.outcome_of(mistake.name, check_id, site_number, example)  # a handout: what it was recorded doing
+    if recorded is not NOT_RECORDED:
+        return recorded
+    key = (mistake.name, target.filename, check_id, site_number, repr(example), str(ctx.device), ctx.seed)
     if key not in _THEIRS:
         if len(_THEIRS) >= REMEMBERED:
             _THEIRS.clear()

@@ -94,7 +94,7 @@ def key(ctx: Ctx, site: tuple[str, int], index: int, example, run: Callable, wha
     code = getattr(run, "__code__", None)
     if code is None:
         return None
-    return (ctx.reference.filename, str(ctx.device), ctx.seed, ctx.examples_scale, site, index, code, what,
+    return (ctx.reference.filename, str(ctx.device), ctx.seed, site, index, code, what,
             repr(example))
 
 
@@ -104,7 +104,7 @@ class MistakeCtx(Ctx):
     mistake's code outside a differential."""
 
     def __init__(self, target: Target, like: Ctx, memo: Memo, site: tuple[str, int] | None):
-        super().__init__(target, like.reference, like.device, like.seed, like.examples_scale)
+        super().__init__(target, like.reference, like.device, like.seed)
         self.memo, self.site = memo, site
         self.asked = 0  # differentials so far
         self.touched = False  # the body used the mistake's code outside a differential

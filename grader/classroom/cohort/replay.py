@@ -57,7 +57,7 @@ class ReplayCtx(Ctx):
             key = example_key(number, ex)
             return key in self.executions or key in self.unrecorded
         self.tracer = None if self.memo is None else traces.Tracer(
-            self.memo.runs, (self.reference.filename, str(self.device), self.seed, self.examples_scale, self.running,
+            self.memo.runs, (self.reference.filename, str(self.device), self.seed, self.running,
                              number, max_examples), admitted)
         seen = strategy.filter(admitted if self.tracer is None else self.tracer.admit)
         with same_draws():
