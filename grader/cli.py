@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from grader import manifest
+from grader import manifest, render
 from grader.learner import tools as learner
 from grader.learner import sessions, watch
 from grader.errors import UsageError
@@ -86,7 +86,7 @@ def cmd_check(args) -> int:
         print(f"kata {k.id} · {k.title} · {k.stub}")
         if grade.public_header(k):
             print(grade.public_header(k))
-        print("\n".join(learner.result_lines(results, verbose=bool(args.kata))))
+        print("\n".join(render.result_lines(results, verbose=bool(args.kata))))
         print(grade.summary(k, results) + "\n")
         learner.save_results(k, results, args.device)
         lines.append(learner.summary_line(k, results))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from grader import checks, manifest, state
+from grader import checks, manifest, render, state
 from grader.engine import Ctx, report, Result, run_check, targets
 from grader.public_record import public
 from grader.runtime import pick_device, single_thread  # noqa: F401  (grade.pick_device: the front ends' name for it)
@@ -84,9 +84,7 @@ def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> lis
     results = grade(kata.id, targets.from_namespace(namespace), device=picked)
     if public_header(kata):
         print(public_header(kata))
-    for r in results:
-        mark = {"pass": "✓", "not-implemented": "·"}.get(r.status, "✗")
-        print(f"{mark} {r.check.title}" + ("" if r.passed else f"\n  {r.message}"))
+    print("\n".join(render.result_lines(results)))
     print(summary(kata, results))
     try:
         state.save_results(record(kata, results, "notebook", picked))

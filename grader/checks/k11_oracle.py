@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.k08 import _FixedLogits, _Recording
+from grader.checks.support.models import FixedLogits, Recording
 from grader.nn import Llama
 from grader.paged import PagedKVCache
 
@@ -53,7 +53,7 @@ class WatchedCache(PagedKVCache):
         return slots
 
 
-class Probed(_Recording):
+class Probed(Recording):
     """Kata 08's recording Llama, also noting how many sequences the watched cache holds at each forward."""
 
     watched: WatchedCache | None = None
@@ -75,7 +75,7 @@ def cache_for(model, num_blocks: int = 256, block_size: int = 4, dtype=None, wat
     return cache
 
 
-def stand_in(ex: dict, device) -> _FixedLogits:
+def stand_in(ex: dict, device) -> FixedLogits:
     """Logits from the last token only: a seeded table (V, V), or the same logits everywhere when uniform."""
     V = ex["vocab"]
     if ex.get("uniform"):
@@ -83,14 +83,14 @@ def stand_in(ex: dict, device) -> _FixedLogits:
     else:
         g = torch.Generator().manual_seed(ex["seed"])
         table = torch.randn(V, V, generator=g, dtype=torch.float64) * ex.get("spread", 2.0)
-    return _FixedLogits(table, device)
+    return FixedLogits(table, device)
 
 
 # -- the answer: a brute-force beam search from uncached forwards ---------------------------------
 @torch.no_grad()
 def last_logits(model, rows: list[list[int]]) -> torch.Tensor:
     ids = torch.tensor(rows, device=model.device)  # (n, L): every row the same length
-    if isinstance(model, _FixedLogits):
+    if isinstance(model, FixedLogits):
         return model.table[ids[:, -1]].double()  # (n, V)
     return Llama.forward(model, ids)[:, -1].double()  # plain causal forward, no cache
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from grader import manifest, state
+from grader import manifest, render, state
 from grader.learner import tools as learner
 from grader.errors import UsageError
 from grader.stubs import pristine_stub
@@ -169,7 +169,7 @@ def submit(device: str = "cpu", timeout: float | None = None) -> tuple[str, int]
     timing = f"time: {minutes}:{seconds:02d} of {session['minutes']}:00"
     if entry["overtime"]:
         timing += f" — {int(entry['overtime_s'] // 60)}:{int(entry['overtime_s'] % 60):02d} over"
-    lines = learner.result_lines(results) + ["", grade.summary(k, results), timing,
+    lines = render.result_lines(results) + ["", grade.summary(k, results), timing,
                                              f"hints used: {entry['hints_used']}", "", followups(k)]
     return "\n".join(lines), 0 if entry["passed"] == entry["total"] else 1
 

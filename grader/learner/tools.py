@@ -19,7 +19,6 @@ from grader.stubs import pristine_stub
 
 HINTS = "hints.json"
 BACKUPS = "backups"
-MARKS = {"pass": "✓", "not-implemented": "·"}
 
 
 def kata(kata_id: str) -> manifest.Kata:
@@ -52,18 +51,6 @@ def grade_file(k: manifest.Kata, spec: str, device: str = "cpu", seed: int = 0, 
     except ValueError as exc:
         raise UsageError(f"--{exc}") from None
     return grade.grade(k.id, target, device=device, seed=seed, timeout=timeout or grade.DEFAULT_TIMEOUT)
-
-
-def result_lines(results, verbose: bool = True) -> list[str]:
-    """One line a check (✓ pass, · not implemented, ✗ otherwise), failures with their message."""
-    lines = []
-    for r in results:
-        lines.append(f"{MARKS.get(r.status, '✗')} {r.check.title}")
-        if verbose and r.status not in ("pass", "not-implemented"):
-            lines.extend("    " + line for line in r.message.splitlines())
-        elif r.status == "not-implemented":
-            lines[-1] += f" — {r.message}"
-    return lines
 
 
 def summary_line(k: manifest.Kata, results) -> str:

@@ -18,7 +18,7 @@ import select
 import signal
 import time
 
-from grader import manifest
+from grader import manifest, render
 from grader.learner import changes
 from grader.learner import tools as learner
 from grader.errors import UsageError
@@ -121,7 +121,7 @@ def verdict(k: manifest.Kata, results: list | None, why: str, seconds: float) ->
     lines = [f"[{stamp}] {grade.summary(k, results)}  ({seconds:.2f} s)"]
     failing = [r for r in results if not r.passed]
     if failing:
-        lines += ["  " + line for line in learner.result_lines(failing[:1])]
+        lines += ["  " + line for line in render.result_lines(failing[:1])]
         if len(failing) > 1:
             lines.append(f"  … and {len(failing) - 1} more failing check(s): kvkata check {k.id}")
     return lines

@@ -154,9 +154,10 @@ def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Ten
     return torch.softmax(scores, dim=-1) @ V  # (..., T, D)
 
 
-def expect_value_error(ctx, fn, *args, what: str, names: tuple[str, ...], example: dict | None = None):
-    """``fn(*args)`` must raise a ValueError whose message names one of ``names``."""
-    exc = ctx.raises(ValueError, fn, *args, what=what, example=example)
+def expect_value_error(ctx, fn, *args, what: str, names: tuple[str, ...], example: dict | None = None, **kwargs):
+    """``fn(*args, **kwargs)`` must raise a ValueError whose message names one of ``names`` (bad input
+    raises ValueError naming the argument: the SPEC's rule); ``what`` says which call it was."""
+    exc = ctx.raises(ValueError, fn, *args, what=what, example=example, **kwargs)
     if not value_error_names(exc, names):
         ctx.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {' or '.join(names)}",
                  example, ("unnamed", what))
@@ -223,3 +224,19 @@ def expect_value_error_soon(ctx, build, x: torch.Tensor, what: str, names: tuple
                      example, ("unnamed", what))
         return
     expect_value_error(ctx, layer, x, what=f"{what}, then called on x", names=names, example=example)
+
+
+def expect_bad_caches_refused(c, layer, x: torch.Tensor, P: int, ex: dict, step: str = "a call") -> None:
+    """After ``layer`` prefills ``x[:, :P]``, the next token with each cache of ``bad_caches`` handed
+    back in must raise a ValueError naming ``cache``."""
+    _, (K, V) = expect_pair(c.call(layer, x[:, :P]), "forward(x)")
+    for what, cache in bad_caches(K, V):
+        expect_value_error(c, layer, x[:, P:P + 1], cache, what=f"{step} with {what}", names=("cache",), example=ex)
+
+
+def two_sequences(layer, ctx, ex: dict):
+    """Two sequences through one ``layer``, calls alternating, each passing its own cache back in: the
+    example's and a second one (another seed, one more chunk of 2 tokens first, its chunks reversed)."""
+    xa = hidden_states(ex, ctx.device)
+    xb = hidden_states({**ex, "seed": ex["seed"] + 1, "lengths": [2] + ex["lengths"]}, ctx.device)
+    return interleaved(layer, ctx, xa, xb, ex["lengths"], [2] + ex["lengths"][::-1])
