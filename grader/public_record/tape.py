@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from grader import checks, manifest, mistakes
+from grader import checks, manifest
 from grader.engine import diagnosis, targets
 from grader.engine import plain as plain_io
 from grader.engine import report
@@ -214,6 +214,8 @@ def record(kata_id: str, device="cpu", seed: int = PUBLIC_SEED, progress=None) -
 
 
 def _record(kata_id: str, device, seed: int, progress) -> dict:
+    from grader import mistakes  # here, not at the top: a handout (which replays records) has no grader/mistakes
+
     single_thread()
     kata = manifest.get(kata_id)
     reference = targets.reference(kata)
