@@ -2,11 +2,11 @@
 
     kvkata                        the board: every kata by level, your latest results, the next step
     kvkata check [NN]             grade one kata (or all) like ``pytest katas/NN``; updates the board
-    kvkata watch [NN]             re-grade a kata each time you save its file (grader.watch)
+    kvkata watch [NN]             re-grade a kata each time you save its file (grader.learner.watch)
     kvkata hint NN [--all]        the next hint of a kata's ladder
     kvkata reset NN | --all       put the untouched stub back (your file is backed up first)
     kvkata solution NN [--force]  the diff from stub to reference, once the kata passes
-    kvkata interview / submit / quiz / history     timed interview practice (grader.sessions)
+    kvkata interview / submit / quiz / history     timed interview practice (grader.learner.sessions)
     kvkata assign / grade         handouts and isolated grading of a cohort (grader.classroom)
     kvkata autograder             a Gradescope autograder zip for a level (grader.classroom.autograder)
 
@@ -20,19 +20,16 @@ import json
 import os
 import sys
 
-from grader import learner, manifest, sessions, state
+from grader import manifest, render
+from grader.learner import tools as learner
+from grader.learner import sessions, watch
 from grader.errors import UsageError
 
-DELEGATED = {"bench": "grader.bench", "notebooks": "grader.notebooks",  # subcommands with their own parser
-             "generate": "grader.playground"}
+DELEGATED = {"bench": "grader.bench.suite", "notebooks": "grader.learner.notebooks",  # subcommands with their own parser
+             "generate": "grader.learner.playground"}
 
 
 # -- the board ------------------------------------------------------------------------------
-def _saved() -> dict:
-    results = state.load_results()
-    return {k: v for k, v in results.items() if isinstance(v, dict)} if isinstance(results, dict) else {}
-
-
 def _progress(saved: dict | None) -> str:
     if not saved or not isinstance(saved.get("total"), int) or not isinstance(saved.get("passed"), int):
         return "not started"
@@ -41,7 +38,7 @@ def _progress(saved: dict | None) -> str:
 
 
 def board() -> str:
-    results, katas = _saved(), list(manifest.load().values())
+    results, katas = learner.saved_results(), list(manifest.load().values())
     names = manifest.levels()
     lines = ["KV-cache katas"]
     for level in sorted({k.level for k in katas}):
@@ -52,7 +49,7 @@ def board() -> str:
     if pending:
         k = pending[0]
         head = f"next: kata {k.id} — {k.title}: read {k.readme}, edit {k.stub}"
-        from grader import grade
+        from grader import grade  # here, not at the top: grading imports torch, and `kvkata` starts without it
 
         if grade.gradable(k):
             lines += ["", head + ", then run", f"  pytest katas/{k.id}"]
@@ -73,7 +70,7 @@ def cmd_board(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from grader import grade
+    from grader import grade  # here, not at the top: grading imports torch, and `kvkata` starts without it
 
     katas = [learner.kata(args.kata)] if args.kata else list(manifest.load().values())
     code, lines = 0, []
@@ -89,7 +86,7 @@ def cmd_check(args) -> int:
         print(f"kata {k.id} · {k.title} · {k.stub}")
         if grade.public_header(k):
             print(grade.public_header(k))
-        print("\n".join(learner.result_lines(results, verbose=bool(args.kata))))
+        print("\n".join(render.result_lines(results, verbose=bool(args.kata))))
         print(grade.summary(k, results) + "\n")
         learner.save_results(k, results, args.device)
         lines.append(learner.summary_line(k, results))
@@ -102,8 +99,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    from grader import watch
-
     if args.interval <= 0 or (args.timeout is not None and args.timeout <= 0):
         raise UsageError("--interval and --timeout must be positive")
     return watch.run(args.kata, args.poll, args.interval, args.seed, args.timeout or watch.CHECK_TIMEOUT)
@@ -180,7 +175,7 @@ def cmd_history(args) -> int:
 
 
 def cmd_assign(args) -> int:
-    from grader.classroom import handouts
+    from grader.classroom import handouts  # here: the classroom's commands load what grading needs
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -190,7 +185,8 @@ def cmd_assign(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    from grader.classroom import cohort, grading
+    from grader.classroom.cohort import sandbox as cohort  # here: the classroom's commands load what grading needs
+    from grader.classroom.cohort import grading
 
     if args.jobs < 1 or args.timeout <= 0 or (args.memory is not None and args.memory < 256):
         raise UsageError("-j must be at least 1, --timeout positive and --memory at least 256 (MB)")
@@ -202,7 +198,7 @@ def cmd_grade(args) -> int:
 
 
 def cmd_autograder(args) -> int:
-    from grader.classroom import autograder
+    from grader.classroom import autograder  # here: the classroom's commands load what grading needs
 
     if args.timeout <= 0 or args.memory < 256:
         raise UsageError("--timeout must be positive and --memory at least 256 (MB)")

@@ -3,62 +3,36 @@ from __future__ import annotations
 
 import time
 
-import torch
-
-from grader import checks, manifest, report, targets
-from grader.engine import Ctx, Result, run_check
+from grader import checks, manifest, render, state
+from grader.engine import Ctx, report, Result, run_check, targets
+from grader.public_record import public
+from grader.runtime import pick_device, single_thread  # noqa: F401  (grade.pick_device: the front ends' name for it)
 
 DEFAULT_TIMEOUT = 60.0
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    """``auto`` is CUDA when present, else CPU; ``cuda`` without a GPU is a clear error."""
-    if name not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device: expected one of auto, cpu, cuda; got {name!r}")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: cuda was asked for but torch sees no CUDA device")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
-def single_thread() -> None:
-    """Grade on one CPU thread: the checks' tensors are tiny, and waking a thread pool for each
-    small op costs milliseconds on a busy machine."""
-    if torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
-
-
 def gradable(kata: manifest.Kata) -> bool:
     """Whether this copy can grade the kata: it has the reference, or (a handout) its public record."""
-    from grader.classroom import public
-
     return (manifest.REPO_ROOT / kata.solution).is_file() or public.active(kata.id)
 
 
 def context(kata: manifest.Kata, target: targets.Target, device, seed: int = 0) -> tuple[Ctx, tuple]:
     """The checks' context and the known mistakes: the reference and the catalogue in the full
-    repository; in a handout, the kata's public record (grader.classroom.public)."""
-    from grader.classroom import public
-
+    repository; in a handout, the kata's public record (grader.public_record.public)."""
     if public.active(kata.id):
         return public.PublicCtx(target, kata.id, device), public.known_mistakes(kata.id)
-    from grader import mistakes  # not in a handout
+    from grader import mistakes  # here, not at the top: a handout has no grader/mistakes
 
     return Ctx(target, targets.reference(kata), device, seed), mistakes.load(kata.id)
 
 
 def checks_for(kata_id: str) -> list:
     """The checks that run in this copy: every one in the repository, the public ones in a handout."""
-    from grader.classroom import public
-
     return public.checks_of(kata_id, checks.for_kata(kata_id).all)
 
 
 def public_header(kata: manifest.Kata) -> str:
     """In a handout, what ran: "public checks: N of M; ..."; empty in the full repository."""
-    from grader.classroom import public
-
     return public.header(kata.id, len(checks.for_kata(kata.id).all)) if public.active(kata.id) else ""
 
 
@@ -105,16 +79,12 @@ def record(kata: manifest.Kata, results: list[Result], target_label: str, device
 def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> list[Result]:
     """Grade names defined in a notebook, print a report and update the board (as ``kvkata check``
     does); never raises for the learner's code."""
-    from grader import state
-
     kata = manifest.get(kata_id)
     picked = str(pick_device(device))
     results = grade(kata.id, targets.from_namespace(namespace), device=picked)
     if public_header(kata):
         print(public_header(kata))
-    for r in results:
-        mark = {"pass": "✓", "not-implemented": "·"}.get(r.status, "✗")
-        print(f"{mark} {r.check.title}" + ("" if r.passed else f"\n  {r.message}"))
+    print("\n".join(render.result_lines(results)))
     print(summary(kata, results))
     try:
         state.save_results(record(kata, results, "notebook", picked))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader import grade, manifest, report, state, targets
-from grader.engine import Ctx, Result, run_check
+from grader import grade, manifest, render, state
+from grader.engine import Ctx, report, Result, run_check, targets
 
 SETTINGS = pytest.StashKey[dict]()
 RESULTS = pytest.StashKey[dict]()
@@ -133,9 +133,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     saved = {}
     for kata_id, results in sorted(by_kata.items()):
         kata = manifest.get(kata_id)
-        for r in results:
-            if r.status == "not-implemented":
-                terminalreporter.write_line(f"  · {r.check.title}: {r.message}")
+        for line in render.result_lines([r for r in results if r.status == "not-implemented"]):
+            terminalreporter.write_line("  " + line)
         terminalreporter.write_line(grade.summary(kata, results))
         for r in results:
             if r.diagnoses:

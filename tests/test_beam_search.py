@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from grader import grade, manifest, targets
-from grader.checks.k08 import _tiny_model
+from grader import grade, manifest
+from grader.engine import targets
+from grader.checks.support.models import tiny_model
 from grader.paged import PagedKVCache
 
 PROMPT = [5, 17, 3, 40, 22, 9, 11]
@@ -24,7 +25,7 @@ def test_shared_paged_cache_passes_every_check_of_kata_06():
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
-    model = _tiny_model(4, "cpu")
+    model = tiny_model(4, "cpu")
     folder = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(folder)
     try:

@@ -15,11 +15,10 @@ from xml.etree import ElementTree as ET
 import pytest
 import torch
 
-from grader import checks, grade, manifest, mistakes, targets
-from grader.classroom import plain
-from grader.engine import run_check
-from grader.classroom.record import RecordingCtx
-from grader.classroom.replay import NO_RECORD, ReplayCtx
+from grader import checks, grade, manifest, mistakes
+from grader.engine import plain, run_check, targets
+from grader.classroom.cohort.record import RecordingCtx
+from grader.classroom.cohort.replay import NO_RECORD, ReplayCtx
 from test_cli import K01, KATAS, copy_repo, kvkata, usage_error
 
 REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
@@ -43,7 +42,8 @@ TAMPERER = '''
 import pathlib
 import torch
 import grader
-from grader import engine, report
+from grader import engine
+from grader.engine import report
 torch.allclose = lambda *a, **k: True
 torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
 torch.equal = lambda *a, **k: True
@@ -203,9 +203,9 @@ def test_replay_agrees_with_in_process_grading(name, tmp_path):
 
 
 def test_replay_that_remembers_judges_alike():
-    """One memory (the reference's outputs and Hypothesis' runs, grader.classroom.memo) shared by the
+    """One memory (the reference's outputs and Hypothesis' runs, grader.classroom.cohort.memo) shared by the
     replays of several submissions, each replayed twice, changes no result; what it hands out is a copy."""
-    from grader.classroom.memo import Memo
+    from grader.classroom.cohort.memo import Memo
 
     memo, named = Memo(), dict((m.name, t) for m, t in mistakes.load("01"))
     for target in [targets.reference(K01), targets.stub(K01), named[MISTAKE.name], named[SCALE.name]]:
@@ -235,7 +235,8 @@ def test_a_forged_record_never_passes(tmp_path):
 
 def _grade_one(tmp_path, source: str, **settings) -> dict:
     """Grade one kata-01 submission in process (the workers are still separate processes)."""
-    from grader.classroom import cohort, grading
+    from grader.classroom.cohort import sandbox as cohort
+    from grader.classroom.cohort import grading
 
     (tmp_path / "sub" / "katas" / "01").mkdir(parents=True)
     (tmp_path / "sub" / K01.stub).write_text(source)
@@ -244,7 +245,7 @@ def _grade_one(tmp_path, source: str, **settings) -> dict:
 
 
 def test_a_grader_that_cannot_start_is_never_charged_to_the_student(tmp_path, monkeypatch):
-    from grader.classroom import cohort
+    from grader.classroom.cohort import sandbox as cohort
 
     monkeypatch.setattr(cohort, "WORKER", "grader.no_such_worker")  # as a broken install would fail
     row = _grade_one(tmp_path, REFERENCE)
@@ -268,7 +269,8 @@ def test_judge_processes_that_remember_give_the_same_rows_as_judging_here(graded
     """``kvkata grade`` judges in processes forked from the warm server, remembering the reference's
     outputs and Hypothesis' runs; judging one row after the other here, remembering nothing, gives
     the same rows, hostile code included (all but the seconds the workers took)."""
-    from grader.classroom import cohort, grading
+    from grader.classroom.cohort import sandbox as cohort
+    from grader.classroom.cohort import grading
 
     _, _, data, tmp = graded
     assert data["settings"]["judges"] is None and data["settings"]["remember"] and data["settings"]["warm"]
@@ -282,7 +284,8 @@ def test_judge_processes_that_remember_give_the_same_rows_as_judging_here(graded
 
 def test_fresh_workers_give_the_same_rows_as_warm_ones(graded):
     """Workers forked from the warm server and fresh interpreters grade alike, hostile code included."""
-    from grader.classroom import cohort, grading
+    from grader.classroom.cohort import sandbox as cohort
+    from grader.classroom.cohort import grading
 
     _, rows, _, tmp = graded
     names = ["mistake", "exits", "memory", "tamperer", "hang"]

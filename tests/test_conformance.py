@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grader import checks, conformance, manifest
+from grader import checks, manifest
+from grader.checks import conformance
 
 ROOT = manifest.REPO_ROOT
 KATAS = list(manifest.load().values())

@@ -11,11 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from grader import checks, grade, manifest, mistakes, targets
-from grader.classroom import judge, plain
-from grader.engine import run_check
+from grader import checks, grade, manifest, mistakes
+from grader.engine import targets
+from grader.classroom.cohort import judge
+from grader.engine import plain, run_check
 from grader.mistakes import Mistake
-from grader.classroom.record import RecordingCtx
+from grader.classroom.cohort.record import RecordingCtx
 
 KATAS = list(manifest.load().values())
 MISTAKES = [(k.id, m) for k in KATAS for m in mistakes.catalogue(k.id)]
@@ -113,7 +114,7 @@ def test_an_unknown_bug_is_caught_and_never_given_a_known_name(kata_id, name):
 
 def _classroom(kata_id: str, target, tmp_path) -> list:
     """Grade as ``kvkata grade`` does: record the target's run check by check, save and load the
-    records as plain data, then judge each check from them (grader.classroom.judge)."""
+    records as plain data, then judge each check from them (grader.classroom.cohort.judge)."""
     kata, settings = manifest.get(kata_id), SimpleNamespace(device="cpu", seed=0)
     reference, records = targets.reference(kata), {}
     for check in checks.for_kata(kata_id).all:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grader import checks, conformance, grade, manifest, mistakes
+from grader import checks, grade, manifest, mistakes
+from grader.checks import conformance
 
 ROOT = manifest.REPO_ROOT
 KATAS = list(manifest.load().values())

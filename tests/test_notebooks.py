@@ -11,7 +11,8 @@ import sys
 import nbformat
 import pytest
 
-from grader import checks, manifest, notebooks, pictures, state
+from grader import checks, manifest, state
+from grader.learner import notebooks, pictures
 
 ROOT = manifest.REPO_ROOT
 KATAS = [k for k in manifest.load().values() if notebooks.available(k)]
@@ -27,7 +28,7 @@ def test_notebooks_folder_is_up_to_date(tmp_path):
     written = notebooks.write(tmp_path)
     fresh = {p.name: p.read_bytes() for p in written}
     on_disk = {p.name: p.read_bytes() for p in (ROOT / "notebooks").glob("*.ipynb")}
-    hint = "run: python -m grader.notebooks"
+    hint = "run: python -m grader.learner.notebooks"
     assert sorted(on_disk) == sorted(fresh), hint
     for name, data in fresh.items():
         assert on_disk[name] == data, f"notebooks/{name} is out of date; {hint}"

@@ -1,5 +1,5 @@
-"""Handouts check themselves: each kata's public record (grader.classroom.tape) lets its checks run
-where there is no reference and no mistake catalogue (grader.classroom.public).
+"""Handouts check themselves: each kata's public record (grader.public_record.tape) lets its checks run
+where there is no reference and no mistake catalogue (grader.public_record.public).
 
 Held here: the public checks pass the reference and fail the untouched stub; they catch at least
 90% of each kata's catalogue and name each caught mistake alone, as the full grader does; bugs
@@ -22,8 +22,10 @@ import pytest
 import torch
 import yaml
 
-from grader import checks, diagnosis, manifest, mistakes, targets
-from grader.classroom import handouts, public, tape
+from grader import checks, manifest, mistakes
+from grader.engine import diagnosis, targets
+from grader.classroom import handouts
+from grader.public_record import public, tape
 from grader.engine import Ctx, run_check
 from grader.mistakes import Mistake
 from test_diagnosis import UNKNOWN
@@ -172,7 +174,7 @@ def test_a_notebook_check_cell_in_a_handout_runs_the_public_checks(handout):
     total = len(checks.for_kata("01").all)
     assert ran.returncode == 0 and f"{total}/{total} checks pass" in ran.stdout, ran.stdout + ran.stderr
     assert "public checks:" in ran.stdout
-    picture = run(handout, "-c", "from grader.pictures import plot_memory\nassert plot_memory() is None")
+    picture = run(handout, "-c", "from grader.learner.pictures import plot_memory\nassert plot_memory() is None")
     assert picture.returncode == 0 and "does not hold (a handout)" in picture.stdout, picture.stdout + picture.stderr
 
 

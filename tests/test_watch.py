@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from grader import changes, grade, manifest, mistakes, state
+from grader import grade, manifest, mistakes, state
+from grader.learner import changes
 from test_cli import K01, copy_repo
 
 REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()

@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks import devices
-from grader.checks.common import (DTYPES, SEEDS, bad_caches, chunks, chunks_and_whole, expect_pair, expect_value_error,
-                                  expect_value_error_soon, hidden_states, interleaved, load_linears, named, run_chunks,
-                                  value_error_names)
+from grader.engine import report
+from grader.checks.support import devices
+from grader.checks.support.common import (DTYPES, SEEDS, chunks, chunks_and_whole, expect_bad_caches_refused,
+                                          expect_pair, expect_value_error, expect_value_error_soon, hidden_states,
+                                          load_linears, named, run_chunks, two_sequences)
 from grader.engine import Checks, Failure
 from grader.nn import apply_rope
 
@@ -64,10 +64,7 @@ def lengths_rejected(ctx):
         for name in ("position_ids", "causal_mask"):
             fn = getattr(c.t, name)
             for past, new, arg in ((-1, 3, "past_len"), (4, -2, "new_len"), (2.5, 3, "past_len"), (4, 1.5, "new_len")):
-                exc = c.raises(ValueError, fn, past, new, what=f"{name}({past}, {new})", example=ex)
-                if not value_error_names(exc, (arg,)):
-                    c.fail(f"{name}({past}, {new}) raised ValueError({str(exc)!r}); the message should name {arg}",
-                           ex, ("unnamed", name, arg))
+                expect_value_error(c, fn, past, new, what=f"{name}({past}, {new})", names=(arg,), example=ex)
 
     ctx.case({"past_len": -1, "new_len": -2}, body)
 
@@ -175,17 +172,11 @@ def offsets_types(ctx):
         ctx.case({"past_len": past, "new_len": new}, body)
 
 
-def _two_sequences(api, ctx, ex):
-    layer, xa = _layer(api, ex, ctx.device), hidden_states(ex, ctx.device)
-    xb = hidden_states({**ex, "seed": ex["seed"] + 1, "lengths": [2] + ex["lengths"]}, ctx.device)
-    return interleaved(layer, ctx, xa, xb, ex["lengths"], [2] + ex["lengths"][::-1])
-
-
 @CHECKS.add("RopeAttention keeps no position or cache of its own: two sequences through one layer",
             uses="RopeAttention.forward")
 def rope_keeps_no_state(ctx):
     ctx.forall(rope_run().filter(lambda e: len(e["lengths"]) > 1), lambda c, ex: c.differential(
-        ex, lambda api, e: _two_sequences(api, c, e),
+        ex, lambda api, e: two_sequences(_layer(api, e, c.device), c, e),
         "two sequences served by one layer, calls alternating, each passing its own cache back in "
         "(the past length comes from the cache, not from the layer)"), max_examples=3)
 
@@ -195,9 +186,7 @@ def rope_rejects_bad_cache(ctx):
     def body(c, ex):
         layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         P = ex["lengths"][0]
-        _, (K, V) = expect_pair(c.call(layer, x[:, :P]), "forward(x)")
-        for what, cache in bad_caches(K, V):
-            expect_value_error(c, layer, x[:, P:P + 1], cache, what=f"a call with {what}", names=("cache",), example=ex)
+        expect_bad_caches_refused(c, layer, x, P, ex)
         d, h = ex["d_model"], ex["n_heads"]
         for args in ((d, d + 1), (d, 0), (0, h), (2 * h, 2 * h)):  # the last: an odd head width of 1
             expect_value_error(c, c.t.RopeAttention, *args, what=f"RopeAttention(d_model={args[0]}, n_heads={args[1]})",

@@ -12,9 +12,9 @@ import traceback
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks import devices
-from grader.checks.common import DTYPES, SEEDS, attention, randn, value_error_names
+from grader.engine import report
+from grader.checks.support import devices
+from grader.checks.support.common import DTYPES, SEEDS, attention, randn, value_error_names
 from grader.engine import Checks, Failure
 
 CHECKS = Checks("05")

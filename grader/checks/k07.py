@@ -12,9 +12,9 @@ import re
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks import devices
-from grader.checks.common import DTYPES, SEEDS, attention, chunks, load_linears, randn
+from grader.engine import report
+from grader.checks.support import devices
+from grader.checks.support.common import DTYPES, SEEDS, attention, chunks, load_linears, randn
 from grader.engine import Checks
 from grader.nn import apply_rope
 

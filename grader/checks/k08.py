@@ -13,99 +13,25 @@ import numbers
 
 import torch
 from hypothesis import strategies as st
-from torch import nn
 
-from grader.checks import devices
-from grader.checks.common import SEEDS, TINY_LLAMA, tiny_llama, value_error_names
-from grader.engine import Checks
+from grader.checks.support import devices
+from grader.checks.support.common import SEEDS, expect_value_error
+from grader.checks.support.models import DEVICE_MODEL, TIE, TINY, FixedLogits, first_wrong, greedy_alone, tiny_model
+from grader.engine import Checks, report
 from grader.nn import Llama, LlamaConfig
 
 CHECKS = Checks("08")
 
-TINY = TINY_LLAMA
-TIE = 1e-9  # top two logits closer than this: either token is a correct greedy choice
 CHI2_DF7_P1E6 = 40.52  # chi-square with 7 degrees of freedom exceeds this with probability 1e-6
 CUDA = torch.cuda.is_available()
 
 
-# -- the models the loop drives ---------------------------------------------------------------
-class _SpyCache:
-    """Stands between the model and the learner's cache; notes what each ``update`` returned."""
-
-    def __init__(self, cache, log: list):
-        self._cache, self._log = cache, log
-
-    def update(self, layer, k, v):
-        K, V = self._cache.update(layer, k, v)
-        self._log.append({"layer": layer, "k": K.untyped_storage().data_ptr(), "v": V.untyped_storage().data_ptr(),
-                          "shape": tuple(K.shape), "device": K.device.type})
-        return K, V
-
-    def __getattr__(self, name):
-        return getattr(self._cache, name)
-
-
-class _Recording(Llama):
-    """The tiny Llama, noting every call the learner's loop makes."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.calls: list[dict] = []
-
-    def forward(self, input_ids, position_ids=None, cache=None, attention_mask=None, **kwargs):
-        call = {"ids": input_ids.detach().cpu(), "cache": cache, "updates": [],
-                "positions": None if position_ids is None else position_ids.detach().cpu()}
-        self.calls.append(call)
-        spy = None if cache is None else _SpyCache(cache, call["updates"])
-        return super().forward(input_ids, position_ids, spy, attention_mask, **kwargs)
-
-
-def _tiny_model(seed: int, device, recording: type = _Recording) -> _Recording:
-    """A seeded float64 Llama: vocab 48, width 32, 2 layers, 4 query heads sharing 2 KV heads.
-    ``recording``: the class that notes the calls, ``_Recording`` or a subclass of it."""
-    return tiny_llama(seed, device, cls=recording)
-
-
-class _FixedLogits(nn.Module):
-    """A stand-in model: logits read from ``table[last input token]``, or one fixed row for every input.
-
-    It has the interface the loop relies on (config, device, dtype, the forward signature) and
-    writes zeros into the cache, so any cache the learner built works with it.
-    """
-
-    def __init__(self, table: torch.Tensor, device):
-        super().__init__()
-        V = table.shape[-1]
-        self.config = LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
-                                  num_attention_heads=2, num_key_value_heads=1, head_dim=4)
-        self.table = nn.Parameter(table.to(device=device, dtype=torch.float64), requires_grad=False)
-        self.calls = 0
-
-    @property
-    def device(self):
-        return self.table.device
-
-    @property
-    def dtype(self):
-        return self.table.dtype
-
-    def forward(self, input_ids, position_ids=None, cache=None, attention_mask=None, **kwargs):
-        self.calls += 1
-        B, T = input_ids.shape
-        if cache is not None:
-            zeros = torch.zeros(B, 1, T, 4, dtype=self.dtype, device=self.device)
-            for layer in range(self.config.num_hidden_layers):
-                cache.update(layer, zeros, zeros)
-        if self.table.dim() == 1:
-            return self.table.expand(B, T, -1)  # (B, T, V)
-        return self.table[input_ids]  # (B, T, V)
-
-
-def _successor_model(vocab: int, device) -> _FixedLogits:
+# -- the stand-in models ----------------------------------------------------------------------
+def _successor_model(vocab: int, device) -> FixedLogits:
     """Greedy continues every token t with t + 1 (mod vocab), by a wide margin."""
     table = torch.full((vocab, vocab), -5.0, dtype=torch.float64)
     table[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = 5.0
-    return _FixedLogits(table, device)
+    return FixedLogits(table, device)
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -127,29 +53,22 @@ def batches(draw, max_batch=8, max_len=40, max_new=6):
 
 def _run(c, ex, device=None, **kwargs):
     """The learner's generate on the example's prompts; returns (model, prompts, rows)."""
-    model, prompts = _tiny_model(ex["seed"], device or c.device), _prompts(ex)
+    model, prompts = tiny_model(ex["seed"], device or c.device), _prompts(ex)
     got = c.t.generate(model, prompts, ex["max_new_tokens"], pad_token_id=ex.get("pad_token_id", 0), **kwargs)
     return model, prompts, _rows(c, got, len(prompts), ex)
 
 
 def _rows(c, got, n: int, ex) -> list[list[int]]:
     if not isinstance(got, (list, tuple)) or len(got) != n:
-        c.fail(f"generate should return a list with one list of new tokens per prompt ({n}); got {_kind(got)}",
-               ex, ("returned", _kind(got)))
+        c.fail(f"generate should return a list with one list of new tokens per prompt ({n}); got {report.describe(got)}",
+               ex, ("returned", report.describe(got)))
     for b, row in enumerate(got):
         if not isinstance(row, (list, tuple)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                          for t in row):
-            c.fail(f"row {b} of the result should be a list of int token ids; got {_kind(row)} "
-                   "(call .tolist() on a tensor)", ex, ("row type", _kind(row)))
+            c.fail(f"row {b} of the result should be a list of int token ids; got {report.describe(row)} "
+                   "(call .tolist() on a tensor)", ex, ("row type", report.describe(row)))
     return [list(map(int, row)) for row in got]
 
-
-def _kind(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    if isinstance(value, (list, tuple)):
-        return f"a {type(value).__name__} of {len(value)}"
-    return "None" if value is None else f"a {type(value).__name__}"
 
 
 # -- the answer: each prompt decoded alone ------------------------------------------------------
@@ -158,31 +77,21 @@ def _verify(c, model, prompts, rows, ex, *, eos=None, tie=TIE, where=""):
     """Every row against its prompt decoded alone by uncached forwards (tie-aware), and its length."""
     N, shown = ex["max_new_tokens"], {**ex, **({"eos_token_id": eos} if eos is not None else {})}
     for b, (prompt, row) in enumerate(zip(prompts, rows)):
-        if row:
-            seq = torch.tensor([prompt + row[:-1]], device=model.device)
-            logits = Llama.forward(model, seq)[0, len(prompt) - 1:]  # (len(row), V): plain causal, no cache
-            for i, token in enumerate(row):
-                best = int(logits[i].argmax())
-                if not 0 <= token < logits.shape[-1] or logits[i, token] < logits[i, best] - tie:
-                    mine = f"{float(logits[i, token]):.4f}" if 0 <= token < logits.shape[-1] else "out of range"
-                    c.fail(f"{where}row {b} (prompt of {len(prompt)} tokens), new token {i}: you produced {token}, "
-                           f"but the model on that prompt alone (no padding, no cache) gives {best} "
-                           f"(logit {float(logits[i, best]):.4f}; yours {mine})\n  all your rows: {rows}", shown, rows)
-                if token == eos and i < len(row) - 1:
-                    c.fail(f"{where}row {b}: new token {i} is the EOS {eos}, but the row goes on with "
-                           f"{row[i + 1:]}; a row stops after its first EOS and stays stopped\n  all your rows: {rows}",
-                           shown, rows)
+        wrong = first_wrong(model, prompt, row, eos, tie)
+        if wrong is not None and wrong[0] == "token":
+            _, i, token, best, logits = wrong
+            mine = f"{float(logits[token]):.4f}" if 0 <= token < logits.shape[-1] else "out of range"
+            c.fail(f"{where}row {b} (prompt of {len(prompt)} tokens), new token {i}: you produced {token}, "
+                   f"but the model on that prompt alone (no padding, no cache) gives {best} "
+                   f"(logit {float(logits[best]):.4f}; yours {mine})\n  all your rows: {rows}", shown, rows)
+        if wrong is not None:
+            i = wrong[1]
+            c.fail(f"{where}row {b}: new token {i} is the EOS {eos}, but the row goes on with "
+                   f"{row[i + 1:]}; a row stops after its first EOS and stays stopped\n  all your rows: {rows}",
+                   shown, rows)
         if len(row) > N or (len(row) < N and (eos is None or eos not in row)):
             why = "no more than max_new_tokens" if len(row) > N else "max_new_tokens, as the row produced no EOS"
             c.fail(f"{where}row {b}: {len(row)} new tokens, expected {N} ({why})\n  all your rows: {rows}", shown, rows)
-
-
-@torch.no_grad()
-def _greedy_alone(model, prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(Llama.forward(model, torch.tensor([seq], device=model.device))[0, -1].argmax()))
-    return seq[len(prompt):]
 
 
 # -- checks ---------------------------------------------------------------------------------------
@@ -279,7 +188,7 @@ def cache_written_in_place(ctx):
 
 def _eos_example(model, prompts, n):
     """An EOS the greedy paths really produce: new to its row, mid-way, missing from some other row."""
-    paths = [_greedy_alone(model, p, n) for p in prompts]
+    paths = [greedy_alone(model, p, n) for p in prompts]
     for b, path in enumerate(paths):
         for i in range(1, n - 1):
             token = path[i]
@@ -291,7 +200,7 @@ def _eos_example(model, prompts, n):
 @CHECKS.add("a row stops after its EOS (included); the other rows go on", uses="generate")
 def eos_stops_its_row(ctx):
     def body(c, ex):
-        model, prompts = _tiny_model(ex["seed"], c.device), _prompts(ex)
+        model, prompts = tiny_model(ex["seed"], c.device), _prompts(ex)
         eos = _eos_example(model, prompts, ex["max_new_tokens"])
         model.calls.clear()
         got = c.t.generate(model, prompts, ex["max_new_tokens"], eos_token_id=eos, pad_token_id=ex["pad_token_id"])
@@ -334,10 +243,10 @@ def early_exit_when_all_done(ctx):
 def edge_sizes(ctx):
     def body(c, ex):
         if ex["max_new_tokens"] == 0 or not ex["lengths"]:
-            model, prompts = _tiny_model(ex["seed"], c.device), _prompts(ex)
+            model, prompts = tiny_model(ex["seed"], c.device), _prompts(ex)
             got = c.t.generate(model, prompts, ex["max_new_tokens"])
             if got != [[] for _ in prompts]:
-                c.fail(f"expected {[[] for _ in prompts]}, got {got!r}", ex, ("edge", _kind(got)))
+                c.fail(f"expected {[[] for _ in prompts]}, got {got!r}", ex, ("edge", report.describe(got)))
             return
         model, prompts, rows = _run(c, ex)
         _verify(c, model, prompts, rows, ex)
@@ -350,13 +259,10 @@ def edge_sizes(ctx):
 @CHECKS.add("an empty prompt or a negative max_new_tokens raises ValueError naming it", uses="generate")
 def rejects_bad_input(ctx):
     def body(c, ex):
-        model = _tiny_model(ex["seed"], c.device)
+        model = tiny_model(ex["seed"], c.device)
         for what, args, names in (("an empty prompt among others", ([[1, 2], []], 3), ("prompts", "prompt")),
                                   ("max_new_tokens = -1", ([[1, 2]], -1), ("max_new_tokens",))):
-            exc = c.raises(ValueError, c.t.generate, model, *args, what=f"generate with {what}", example=ex)
-            if not value_error_names(exc, names):
-                c.fail(f"generate with {what} raised ValueError({str(exc)!r}); the message should name {names[0]}",
-                       ex, ("unnamed", names[0]))
+            expect_value_error(c, c.t.generate, model, *args, what=f"generate with {what}", names=names, example=ex)
 
     ctx.case({"seed": 0}, body)
 
@@ -366,7 +272,7 @@ def rejects_bad_arguments(ctx):
     V = TINY["vocab_size"]
 
     def body(c, ex):
-        model = _tiny_model(ex["seed"], c.device)
+        model = tiny_model(ex["seed"], c.device)
         for what, args, kwargs, names in (
                 ("prompts as a flat list of ints", ([1, 2, 3], 3), {}, ("prompts",)),
                 ("a token id 2.5 in a prompt", ([[1, 2.5]], 3), {}, ("prompts",)),
@@ -378,10 +284,8 @@ def rejects_bad_arguments(ctx):
                  ("pad_token_id",)),
                 (f"pad_token_id = {V} (vocabulary {V}) and prompts of unequal lengths", ([[1], [2, 3]], 3),
                  {"pad_token_id": V}, ("pad_token_id",))):
-            exc = c.raises(ValueError, c.t.generate, model, *args, what=f"generate with {what}", example=ex, **kwargs)
-            if not value_error_names(exc, names):
-                c.fail(f"generate with {what} raised ValueError({str(exc)!r}); the message should name {names[0]}",
-                       ex, ("unnamed", names[0]))
+            expect_value_error(c, c.t.generate, model, *args, what=f"generate with {what}", names=names, example=ex,
+                               **kwargs)
 
     ctx.case({"seed": 0}, body)
 
@@ -389,7 +293,7 @@ def rejects_bad_arguments(ctx):
 @CHECKS.add("nothing is kept between calls: a second generate on the same model starts afresh", uses="generate")
 def no_state_between_calls(ctx):
     def body(c, ex):
-        model = _tiny_model(ex["seed"], c.device)
+        model = tiny_model(ex["seed"], c.device)
         first = {"lengths": ex["first"], "max_new_tokens": ex["first_new"], "seed": ex["seed"]}
         _rows(c, c.t.generate(model, _prompts(first), ex["first_new"], eos_token_id=ex["eos"]), len(ex["first"]), ex)
         prompts = _prompts(ex)
@@ -403,7 +307,7 @@ def no_state_between_calls(ctx):
 @CHECKS.add("sampling: the same generator seed gives the same tokens", uses="generate")
 def sampling_is_reproducible(ctx):
     def body(c, ex):
-        model, prompts = _tiny_model(ex["seed"], c.device), _prompts(ex)
+        model, prompts = tiny_model(ex["seed"], c.device), _prompts(ex)
         runs = [_rows(c, c.t.generate(model, prompts, ex["max_new_tokens"], temperature=1.0,
                                       generator=torch.Generator(c.device).manual_seed(ex["seed"])), len(prompts), ex)
                 for _ in range(2)]
@@ -434,7 +338,7 @@ SAMPLING_LOGITS = [1.0, 0.5, 0.0, -0.5, 2.0, -1.0, 0.25, 1.5]
 def sampling_follows_the_distribution(ctx):
     def body(c, ex):
         logits = torch.tensor(SAMPLING_LOGITS, dtype=torch.float64)
-        model, rows_n, N = _FixedLogits(logits, c.device), ex["rows"], ex["max_new_tokens"]
+        model, rows_n, N = FixedLogits(logits, c.device), ex["rows"], ex["max_new_tokens"]
         got = _rows(c, c.t.generate(model, [[1]] * rows_n, N, temperature=ex["temperature"],
                                     generator=torch.Generator(c.device).manual_seed(ex["seed"])), rows_n, ex)
         draws = [t for row in got for t in row]
@@ -476,10 +380,6 @@ def runs_on_the_model_device(ctx):
                    "cache on model.device", ex, ("cache device", away[0]))
 
     ctx.case({"lengths": [6, 3, 11, 1], "max_new_tokens": 5, "pad_token_id": 0, "eos_token_id": 7, "seed": 8}, body)
-
-
-DEVICE_MODEL = dict(TINY, vocab_size=16, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1)  # smaller still: the stand-in device is slow
 
 
 def _device_scenario(s):

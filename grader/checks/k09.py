@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader import report
-from grader.checks import devices
-from grader.checks.common import DTYPES, SEEDS, randn, value_error_names
-from grader.checks.quant_programs import D_CHOICES, EPS, Replay, formula_nbytes, grid_problem, programs, stream
+from grader.engine import report
+from grader.checks.support import devices
+from grader.checks.support.common import DTYPES, SEEDS, expect_value_error, randn
+from grader.checks.k09_programs import D_CHOICES, EPS, Replay, formula_nbytes, grid_problem, programs, stream
 from grader.engine import Checks
 
 CHECKS = Checks("09")
@@ -154,10 +154,7 @@ def dequantize_formula(ctx):
 
 
 def _named(c, ex, what, fn, args, names):
-    exc = c.raises(ValueError, fn, *args, what=what, example=ex)
-    if not value_error_names(exc, names):
-        c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {' or '.join(names)}", ex,
-               ("unnamed", what))
+    expect_value_error(c, fn, *args, what=what, names=names, example=ex)
 
 
 @CHECKS.add("quantize and dequantize reject bad input with a ValueError naming the argument", uses="quantize")

@@ -15,12 +15,12 @@ import numbers
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.beam_oracle import TIE, Probed, brute_force, cache_for, close, score_of, stand_in
-from grader.checks import devices
-from grader.checks.common import SEEDS, value_error_names
-from grader.checks.k08 import DEVICE_MODEL, TINY, _tiny_model
+from grader.checks.k11_oracle import TIE, Probed, brute_force, cache_for, close, score_of, stand_in
+from grader.checks.support import devices
+from grader.checks.support.common import SEEDS, expect_value_error
+from grader.checks.support.models import DEVICE_MODEL, TINY, tiny_model
 from grader.nn import Llama, LlamaConfig
-from grader.engine import Checks
+from grader.engine import Checks, report
 
 CHECKS = Checks("11")
 
@@ -28,19 +28,12 @@ LENGTH_PENALTIES = [1.0, 0.0, 2.0, 0.5, -0.5]
 
 
 # -- reading and judging the learner's result ---------------------------------------------------
-def _kind(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    if isinstance(value, (list, tuple)):
-        return f"a {type(value).__name__} of {len(value)}"
-    return "None" if value is None else f"a {type(value).__name__}"
-
 
 def _hypotheses(c, got, ex) -> list[tuple[list[int], float]]:
     """The learner's result as [(tokens, score)], or a clear failure about its form."""
     if not isinstance(got, (list, tuple)):
-        c.fail(f"beam_search should return a list of (new tokens, score) pairs; got {_kind(got)}",
-               ex, ("returned", _kind(got)))
+        c.fail(f"beam_search should return a list of (new tokens, score) pairs; got {report.describe(got)}",
+               ex, ("returned", report.describe(got)))
     out = []
     for i, item in enumerate(got):
         ok = isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], (list, tuple))
@@ -48,7 +41,7 @@ def _hypotheses(c, got, ex) -> list[tuple[list[int], float]]:
         ok = ok and isinstance(item[1], numbers.Real) and not isinstance(item[1], bool)
         if not ok:
             c.fail(f"item {i} of the result should be a pair (list of int token ids, float score); got "
-                   f"{item!r:.200} (call .tolist() and float() on tensors)", ex, ("item type", i, _kind(item)))
+                   f"{item!r:.200} (call .tolist() and float() on tensors)", ex, ("item type", i, report.describe(item)))
         out.append(([int(t) for t in item[0]], float(item[1])))
     return out
 
@@ -132,7 +125,7 @@ def _search(c, model, prompt, ex, cache, eos=None):
 @CHECKS.add("without EOS: the hypotheses and scores of a brute-force beam search", uses="beam_search")
 def matches_brute_force_without_eos(ctx):
     def body(c, ex):
-        model, prompt = _tiny_model(ex["seed"], c.device), _prompt(ex)
+        model, prompt = tiny_model(ex["seed"], c.device), _prompt(ex)
         got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False))
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"])
         _judge(c, model, prompt, ex, got, want)
@@ -148,7 +141,7 @@ def matches_brute_force_without_eos(ctx):
             uses="beam_search")
 def matches_brute_force_with_eos(ctx):
     def body(c, ex):
-        model, prompt = _tiny_model(ex["seed"], c.device), _prompt(ex)
+        model, prompt = tiny_model(ex["seed"], c.device), _prompt(ex)
         eos = _eos_for(model, prompt, ex)
         got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False), eos)
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], eos, ex["length_penalty"])
@@ -204,7 +197,7 @@ def small_vocabulary_and_ties(ctx):
             uses="beam_search")
 def prefill_once_then_batched_steps(ctx):
     def body(c, ex):
-        model, prompt = _tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
+        model, prompt = tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
         eos = _eos_for(model, prompt, ex) if ex["eos"] else None
         model.calls.clear()
         _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"]), eos)
@@ -251,7 +244,7 @@ def _bound(P: int, b: int, k: int, longest: int) -> int:
             uses="beam_search")
 def blocks_shared_and_freed(ctx):
     def body(c, ex):
-        model, prompt = _tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
+        model, prompt = tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
         eos = _eos_for(model, prompt, ex) if ex["eos"] else None
         model.calls.clear()
         cache = cache_for(model, num_blocks=512, block_size=ex["block_size"])
@@ -283,7 +276,7 @@ def blocks_shared_and_freed(ctx):
 @CHECKS.add("a float32 model with a float32 cache (scores are Python floats)", uses="beam_search")
 def works_in_float32(ctx):
     def body(c, ex):
-        model, prompt = _tiny_model(ex["seed"], c.device).float(), _prompt(ex)
+        model, prompt = tiny_model(ex["seed"], c.device).float(), _prompt(ex)
         got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False))
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"], tie=1e-4)
         _judge(c, model, prompt, {**ex, "dtype": torch.float32}, got, want, tol=1e-4)
@@ -295,7 +288,7 @@ def works_in_float32(ctx):
 @CHECKS.add("bad input raises ValueError naming the argument", uses="beam_search")
 def rejects_bad_input(ctx):
     def body(c, ex):
-        model = _tiny_model(ex["seed"], c.device)
+        model = tiny_model(ex["seed"], c.device)
         busy = cache_for(model, watched=False)
         busy.add_sequence("someone else")
         busy.reserve("someone else", 3)
@@ -309,11 +302,8 @@ def rejects_bad_input(ctx):
         ]
         for what, args, kwargs, name in cases:
             kwargs = {"cache": cache_for(model, watched=False), **kwargs}
-            exc = c.raises(ValueError, c.t.beam_search, model, *args, what=f"beam_search with {what}", example=ex,
-                           **kwargs)
-            if not value_error_names(exc, (name,)):
-                c.fail(f"beam_search with {what} raised ValueError({str(exc)!r}); the message should name `{name}`",
-                       ex, ("unnamed", name))
+            expect_value_error(c, c.t.beam_search, model, *args, what=f"beam_search with {what}", names=(name,),
+                               example=ex, **kwargs)
 
     ctx.case({"seed": 0}, body)
 

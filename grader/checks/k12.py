@@ -15,19 +15,18 @@ import numbers
 import torch
 from hypothesis import strategies as st
 
-from grader.checks import devices
-from grader.checks.common import SEEDS, randn, value_error_names
-from grader.checks.k08 import DEVICE_MODEL, _greedy_alone, _kind
-from grader.checks.rollback_programs import programs, replay
-from grader.checks.speculative_spy import WrongDraft, count_rounds, perturbed, replay_calls, spy_model
-from grader.engine import Checks
+from grader.checks.support import devices
+from grader.checks.support.common import SEEDS, expect_value_error, randn
+from grader.checks.support.models import DEVICE_MODEL, TIE, first_wrong, greedy_alone
+from grader.checks.k12_programs import programs, replay
+from grader.checks.k12_spy import WrongDraft, count_rounds, perturbed, replay_calls, spy_model
+from grader.engine import Checks, report
 from grader.nn import Llama, LlamaConfig
 
 CHECKS = Checks("12")
 
 TARGET = dict(num_hidden_layers=3)
 SMALL_DRAFT = dict(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
-TIE = 1e-9  # top two logits closer than this: either token is a correct greedy choice
 NOISE = 0.1  # the perturbed draft: agrees with the target on about half its proposals
 
 
@@ -70,12 +69,13 @@ def _run(c, ex, eos=None):
 
 def _result(c, got, ex) -> tuple[list[int], dict]:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        c.fail(f"speculative_generate should return (tokens, stats); got {_kind(got)}", ex, ("returned", _kind(got)))
+        c.fail(f"speculative_generate should return (tokens, stats); got {report.describe(got)}", ex,
+               ("returned", report.describe(got)))
     tokens, stats = got
     if not isinstance(tokens, list) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                for t in tokens):
-        c.fail(f"tokens should be a list of int token ids; got {_kind(tokens)} (call .tolist() on a tensor)",
-               ex, ("tokens type", _kind(tokens)))
+        c.fail(f"tokens should be a list of int token ids; got {report.describe(tokens)} (call .tolist() on a tensor)",
+               ex, ("tokens type", report.describe(tokens)))
     keys = ("target_forwards", "draft_forwards", "proposed", "accepted")
     if not isinstance(stats, dict) or not all(isinstance(stats.get(key), numbers.Integral) for key in keys):
         c.fail(f"stats should be a dict with int entries {', '.join(keys)}; got {stats!r}", ex, ("stats type",))
@@ -87,17 +87,16 @@ def _result(c, got, ex) -> tuple[list[int], dict]:
 def _verify(c, target, prompt, tokens, ex, eos=None):
     """Each token the target's greedy choice after the ones before it (uncached, tie-aware); the length right."""
     N, shown = ex["max_new_tokens"], {**ex, **({"eos_token_id": eos} if eos is not None else {})}
-    if tokens:
-        logits = Llama.forward(target, torch.tensor([prompt + tokens[:-1]], device=target.device))[0, len(prompt) - 1:]
-        for i, token in enumerate(tokens):
-            best = int(logits[i].argmax())
-            if not 0 <= token < logits.shape[-1] or logits[i, token] < logits[i, best] - TIE:
-                c.fail(f"new token {i}: you produced {token}, but the target's own greedy choice there is {best}; "
-                       f"the output must equal the target's plain greedy generation whatever the draft "
-                       f"({ex['draft']} here)\n  your tokens: {tokens}", shown, ("tokens", tokens))
-            if token == eos and i < len(tokens) - 1:
-                c.fail(f"new token {i} is the EOS {eos}, but the output goes on with {tokens[i + 1:]}; stop after "
-                       f"the first EOS (keeping it)\n  your tokens: {tokens}", shown, ("tokens", tokens))
+    wrong = first_wrong(target, prompt, tokens, eos, TIE)
+    if wrong is not None and wrong[0] == "token":
+        _, i, token, best, _ = wrong
+        c.fail(f"new token {i}: you produced {token}, but the target's own greedy choice there is {best}; "
+               f"the output must equal the target's plain greedy generation whatever the draft "
+               f"({ex['draft']} here)\n  your tokens: {tokens}", shown, ("tokens", tokens))
+    if wrong is not None:
+        i = wrong[1]
+        c.fail(f"new token {i} is the EOS {eos}, but the output goes on with {tokens[i + 1:]}; stop after "
+               f"the first EOS (keeping it)\n  your tokens: {tokens}", shown, ("tokens", tokens))
     if len(tokens) > N or (len(tokens) < N and (eos is None or eos not in tokens)):
         why = "no more than max_new_tokens" if len(tokens) > N else "max_new_tokens, as no EOS came"
         c.fail(f"{len(tokens)} new tokens, expected {N} ({why})\n  your tokens: {tokens}", shown, ("tokens", tokens))
@@ -137,10 +136,7 @@ def cache_rejects_bad_input(ctx):
                  ("crop(-1)", lambda: cache.crop(-1), ("n",)),
                  ("crop(4) on a cache of 3 tokens", lambda: cache.crop(4), ("n",))]
         for what, call, names in tries:
-            exc = c.raises(ValueError, call, what=what, example=ex)
-            if not value_error_names(exc, names):
-                c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {names[0]}",
-                       ex, ("unnamed", what))
+            expect_value_error(c, call, what=what, names=names, example=ex)
             if (cache.seq_len(0), cache.seq_len(1)) != (3, 3):
                 c.fail(f"after the refused {what}, the cache holds {(cache.seq_len(0), cache.seq_len(1))} tokens per "
                        "layer instead of (3, 3): check the input before changing anything", ex, ("changed", what))
@@ -236,7 +232,7 @@ def eos_stops_and_is_kept(ctx):
     def body(c, ex):
         target, _, _ = _models(ex, c.device)
         prompt = _prompt(ex, target.config.vocab_size)
-        path = _greedy_alone(target, prompt, ex["max_new_tokens"])
+        path = greedy_alone(target, prompt, ex["max_new_tokens"])
         eos = next((t for i, t in enumerate(path) if i >= 2 and t not in path[:i]), path[-1])
         target, _, _, prompt, tokens, _ = _run(c, ex, eos=eos)
         _verify(c, target, prompt, tokens, ex, eos=eos)
@@ -278,11 +274,8 @@ def rejects_bad_input(ctx):
                                          ("an empty prompt", (target, draft, [], 4), {}, "prompt"),
                                          ("a draft with 40 tokens for a target with 48", (target, other, [1, 2], 4),
                                           {}, "draft")):
-            exc = c.raises(ValueError, c.t.speculative_generate, *args, what=f"speculative_generate with {what}",
-                           example=ex, **kwargs)
-            if not value_error_names(exc, (name,)):
-                c.fail(f"speculative_generate with {what} raised ValueError({str(exc)!r}); the message should name "
-                       f"{name}", ex, ("unnamed", name))
+            expect_value_error(c, c.t.speculative_generate, *args, what=f"speculative_generate with {what}",
+                               names=(name,), example=ex, **kwargs)
 
     ctx.case({"seed": 0}, body)
 

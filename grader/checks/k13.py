@@ -15,15 +15,15 @@ from collections import Counter
 import torch
 from hypothesis import strategies as st
 
-from grader.checks import devices
-from grader.checks.common import SEEDS, value_error_names
-from grader.checks.k08 import DEVICE_MODEL, TINY, _greedy_alone, _Recording, _SpyCache, _tiny_model
-from grader.checks.scheduler_programs import PINNED, Replay, Request, State, programs
+from grader.checks.support import devices
+from grader.checks.support.common import SEEDS, expect_value_error
+from grader.checks.support.models import (DEVICE_MODEL, TIE, TINY, Recording, SpyCache, first_wrong, greedy_alone,
+                                          tiny_model)
+from grader.checks.k13_programs import PINNED, Replay, Request, State, programs
 from grader.engine import Checks
 from grader.nn import Llama, LlamaConfig
 
 CHECKS = Checks("13")
-TIE = 1e-9  # top two logits closer than this: either token is a correct greedy choice
 LIMITS = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens")
 
 
@@ -88,10 +88,7 @@ def scheduler_rejects_bad_input(ctx):
     def body(c, ex):
         cases, sched = _scheduler_cases(c, ex)
         for what, fn, args, names in cases:
-            exc = c.raises(ValueError, fn, *args, what=what, example=ex)
-            if not value_error_names(exc, names):
-                c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name {' or '.join(names)}",
-                       ex, ("unnamed", what))
+            expect_value_error(c, fn, *args, what=what, names=names, example=ex)
         steps = []
         for _ in range(3):
             step = sched.schedule()
@@ -148,27 +145,25 @@ def _verify(c, ex, model, requests, got, eos=None):
     shown = {**ex, **({"eos_token_id": eos} if eos is not None else {})}
     for r, prompt, n, _ in requests:
         row = got[r]
-        if row:
-            seq = torch.tensor([prompt + row[:-1]], device=model.device)
-            logits = Llama.forward(model, seq)[0, len(prompt) - 1:]  # (len(row), V): alone, no cache
-            for i, token in enumerate(row):
-                best = int(logits[i].argmax())
-                if not 0 <= token < logits.shape[-1] or logits[i, token] < logits[i, best] - TIE:
-                    c.fail(f"request {r} (prompt of {len(prompt)} tokens), new token {i}: you produced {token}, but "
-                           f"the model on that request alone gives {best}\n  all your tokens: {got}", shown, got)
-                if token == eos and i < len(row) - 1:
-                    c.fail(f"request {r}: new token {i} is the EOS {eos}, but it goes on with {row[i + 1:]}\n"
-                           f"  all your tokens: {got}", shown, got)
+        wrong = first_wrong(model, prompt, row, eos, TIE)
+        if wrong is not None and wrong[0] == "token":
+            _, i, token, best, _ = wrong
+            c.fail(f"request {r} (prompt of {len(prompt)} tokens), new token {i}: you produced {token}, but "
+                   f"the model on that request alone gives {best}\n  all your tokens: {got}", shown, got)
+        if wrong is not None:
+            i = wrong[1]
+            c.fail(f"request {r}: new token {i} is the EOS {eos}, but it goes on with {row[i + 1:]}\n"
+                   f"  all your tokens: {got}", shown, got)
         if len(row) > n or (len(row) < n and (eos is None or eos not in row)):
             c.fail(f"request {r}: {len(row)} new tokens, expected {n} (max_new_tokens"
                    f"{', as it produced no EOS' if len(row) < n else ''})\n  all your tokens: {got}", shown, got)
 
 
 def _check_serve(c, ex, eos_from=None):
-    model, requests = _tiny_model(ex["seed"], c.device), _requests(ex)
+    model, requests = tiny_model(ex["seed"], c.device), _requests(ex)
     eos = None
     if eos_from is not None:  # a token request 0 really produces, at its second step
-        alone = _greedy_alone(model, requests[0][1], 2)
+        alone = greedy_alone(model, requests[0][1], 2)
         eos = alone[-1]
     got = _serve(c, ex, model, requests, eos)
     _verify(c, ex, model, requests, got, eos)
@@ -279,7 +274,7 @@ def serve_edge_cases(ctx):
 @CHECKS.add("serve rejects bad input with a ValueError naming the argument", uses="serve")
 def serve_rejects_bad_input(ctx):
     def body(c, ex):
-        model = _tiny_model(1, c.device)
+        model = tiny_model(1, c.device)
         ok = {"num_blocks": 8, "block_size": 2, "max_num_seqs": 2, "max_num_batched_tokens": 8}
         cases = [
             ("two requests with the same id", [(0, [1, 2], 2, 0), (0, [3], 2, 0)], ok, ("requests", "req_id")),
@@ -293,17 +288,15 @@ def serve_rejects_bad_input(ctx):
             ("max_num_seqs = 0", [(0, [1], 1, 0)], {**ok, "max_num_seqs": 0}, ("max_num_seqs",)),
         ]
         for what, requests, limits, names in cases:
-            exc = c.raises(ValueError, c.t.serve, model, requests, **limits, what=f"serve with {what}", example=ex)
-            if not value_error_names(exc, names):
-                c.fail(f"serve with {what} raised ValueError({str(exc)!r}); the message should name "
-                       f"{' or '.join(names)}", ex, ("unnamed", what))
+            expect_value_error(c, c.t.serve, model, requests, what=f"serve with {what}", names=names, example=ex,
+                               **limits)
         if model.calls:
             c.fail(f"serve called the model {len(model.calls)} time(s) before refusing bad input", ex, ("ran",))
 
     ctx.case({"case": "bad arguments"}, body)
 
 
-class _Watched(_Recording):
+class _Watched(Recording):
     """Notes the dtypes of the keys and values every cache update returns."""
 
     def __init__(self, config):
@@ -315,7 +308,7 @@ class _Watched(_Recording):
         return super().forward(input_ids, position_ids, watched, attention_mask, **kwargs)
 
 
-class _Noting(_SpyCache):
+class _Noting(SpyCache):
     def __init__(self, cache, seen: set):
         super().__init__(cache, [])
         self._seen = seen
@@ -329,7 +322,7 @@ class _Noting(_SpyCache):
 @CHECKS.add("the cache keeps the model's dtype (a float32 model gets float32 keys and values)", uses="serve")
 def serve_keeps_the_model_dtype(ctx):
     def body(c, ex):
-        model = _tiny_model(ex["seed"], c.device, recording=_Watched).to(ex["dtype"])
+        model = tiny_model(ex["seed"], c.device, recording=_Watched).to(ex["dtype"])
         _serve(c, ex, model, _requests(ex))
         seen = model.seen
         if seen != {(ex["dtype"], ex["dtype"])}:

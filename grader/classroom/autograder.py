@@ -28,6 +28,9 @@ import zipfile
 from pathlib import Path
 
 from grader import manifest, state
+from grader.classroom import handouts
+from grader.classroom.cohort import sandbox as cohort
+from grader.errors import UsageError
 
 VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's settings
 SETTINGS_FILE = "kvkata-autograder.json"
@@ -65,8 +68,6 @@ fi
 def build(level: int, out: str, only: bool = False, visibility: str = "visible", stdout_visibility: str = "hidden",
           timeout: float = 60.0, memory_mb: int = 4096) -> str:
     """Write the autograder zip; what was written, to print."""
-    from grader.classroom import handouts
-    from grader.errors import UsageError
 
     for name, value in (("--visibility", visibility), ("--stdout-visibility", stdout_visibility)):
         if value not in VISIBILITY:
@@ -96,14 +97,12 @@ def build(level: int, out: str, only: bool = False, visibility: str = "visible",
 
 def _copy_project(dest: Path, katas: list[manifest.Kata]) -> None:
     """The package with only these katas' checks, references and mistakes, and what installs it."""
-    from grader.classroom import handouts
-
     ids = {k.id for k in katas}
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         skip = {n for n in names if n in ("__pycache__", "pristine") or n.endswith(".pyc")}
         if Path(folder).name in ("checks", "mistakes"):
-            skip |= {n for n in names if n.startswith("k") and n.endswith(".py") and n[1:-3] not in ids}
+            skip |= {n for n in names if (m := handouts.KATA_FILE.fullmatch(n)) and m.group(1) not in ids}
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest / "grader", ignore=ignore)
@@ -173,7 +172,6 @@ def results_json(rows: list[dict], settings: dict, seconds: float, notes: list[s
 
 
 def grade_submission(root: Path) -> dict:
-    from grader.classroom import cohort
 
     started = time.monotonic()
     settings = json.loads((root / "source" / SETTINGS_FILE).read_text(encoding="utf-8"))

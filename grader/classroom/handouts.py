@@ -1,5 +1,5 @@
 """``kvkata assign``: a handout of a level's katas — stubs, READMEs, notebooks, the grader without
-solutions, mistakes or the checks of other katas, each kata's public record (grader.classroom.tape)
+solutions, mistakes or the checks of other katas, each kata's public record (grader.public_record.tape)
 so its checks run there, and a GitHub Classroom workflow that runs them on every push."""
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader import learner, manifest, state
+from grader import manifest, state
 from grader.errors import UsageError
+from grader.public_record import tape
+from grader.stubs import pristine_stub
 
 STUDENT_README = """# KV-cache katas — level {level} handout
 
@@ -106,6 +108,9 @@ PagedKVCache = _module.PagedKVCache
 '''
 
 
+KATA_FILE = re.compile(r"k(\d+)(?:_\w+)?\.py")  # kata NN's checks or mistakes (kNN.py), or a helper of them (kNN_<what>.py)
+
+
 def katas_for(level: int, only: bool = False) -> list[manifest.Kata]:
     chosen = [k for k in manifest.load().values() if (k.level == level if only else k.level <= level)]
     if not chosen:
@@ -135,7 +140,7 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
     def ignore(folder: str, names: list[str]) -> set[str]:
         skip = {n for n in names if n in ("__pycache__", "pristine", "public", "mistakes") or n.endswith(".pyc")}
         if Path(folder).name == "checks":
-            skip |= {n for n in names if re.fullmatch(r"k(\w+)\.py", n) and n[1:-3] not in ids}
+            skip |= {n for n in names if (m := KATA_FILE.fullmatch(n)) and m.group(1) not in ids}
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest, ignore=ignore)
@@ -143,7 +148,7 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
     if "06" in ids:  # grader/paged.py is kata 06's reference: here the later katas build on the student's own
         (dest / "paged.py").write_text(PAGED_SHIM, encoding="utf-8")
     for k in katas:
-        stub, _ = learner.pristine_stub(k)
+        stub, _ = pristine_stub(k)
         state.write_atomic(dest / "pristine" / k.id / k.file, stub.encode("utf-8"))
 
 
@@ -156,8 +161,6 @@ def _pyproject() -> str:
 def record_public(dest: Path, katas: list[manifest.Kata], say=None) -> dict[str, dict]:
     """Write each kata's public record into ``dest`` (a handout's grader/public); per kata, what it
     holds: public checks of all, and the known mistakes they catch (measured on the public inputs)."""
-    from grader.classroom import tape
-
     shares = {}
     if say:
         say("recording each kata's public checks: the reference and every known mistake on the public inputs")
@@ -209,7 +212,7 @@ def assign(level: int, out: str | None, only: bool = False, force: bool = False,
 def _fill(build: Path, katas: list[manifest.Kata], level: int, ci: bool, say) -> list[str]:
     root, notebooks = manifest.REPO_ROOT, []
     for k in katas:
-        stub, _ = learner.pristine_stub(k)
+        stub, _ = pristine_stub(k)
         state.write_atomic(build / k.stub, stub.encode("utf-8"))
         shutil.copyfile(root / k.readme, build / k.readme)
         if (root / k.notebook).is_file():

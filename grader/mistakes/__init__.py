@@ -10,7 +10,8 @@ import importlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-from grader import manifest, targets
+from grader import manifest
+from grader.engine import targets
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""``kvkata bench``, part 4: speculative decoding (kata 12) against plain greedy decoding.
+
+The target is a 6-layer Llama whose top 4 layers add only a small correction to the residual
+stream, so a 2-layer draft made of its embedding, first 2 layers, norm and head agrees with it
+on almost every token: the *close* draft, as good as drafts get. The *perturbed* draft is that
+draft with noise on its weights, the *random* draft a fresh 2-layer model. The costs are real
+(a 2-layer against a 6-layer forward); the three drafts set the acceptance rate. Plain decoding
+is kata 08's cached loop at batch 1. Everything runs the reference solutions.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from grader.bench.shared import reference
+from grader.nn import Llama, LlamaConfig
+
+TARGET_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=6,
+                     num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
+DRAFT_LAYERS, TOP_SCALE, NOISE = 2, 0.02, 0.1
+
+
+def _models(device: torch.device):
+    """The target and its three drafts: close, perturbed, random."""
+    torch.manual_seed(0)
+    target = Llama(LlamaConfig(**TARGET_CONFIG)).to(device).eval()
+    with torch.no_grad():
+        for layer in target.model.layers[DRAFT_LAYERS:]:  # the top layers only nudge the residual stream
+            layer.self_attn.o_proj.weight.mul_(TOP_SCALE)
+            layer.mlp.down_proj.weight.mul_(TOP_SCALE)
+    small = {**TARGET_CONFIG, "num_hidden_layers": DRAFT_LAYERS}
+    close = Llama(LlamaConfig(**small)).to(device).eval()
+    close.load_state_dict({name: p for name, p in target.state_dict().items() if name in close.state_dict()})
+    noisy = Llama(LlamaConfig(**small)).to(device).eval()
+    noisy.load_state_dict(close.state_dict())
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(torch.randn_like(p) * NOISE * p.std())
+    random = Llama(LlamaConfig(**small)).to(device).eval()
+    return target, {"close": close, "perturbed": noisy, "random": random}
+
+
+def _timed(run, repeats: int, device: torch.device):
+    """(median seconds, last result) of ``run()`` after one warm-up call."""
+    result, times = run(), []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        result = run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def bench_speculative(device: torch.device, progress, quick: bool, new_tokens: int | None = None,
+                      k: int = 4) -> list[dict]:
+    """Tokens/s and target forwards per token: plain greedy, then speculative with each draft."""
+    N = new_tokens or (32 if quick else 96)
+    repeats = 1 if quick else 3
+    target, drafts = _models(device)
+    generate, speculate = reference("08")["generate"], reference("12")["speculative_generate"]
+    prompt = torch.randint(1, TARGET_CONFIG["vocab_size"], (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    progress.total += 1 + len(drafts)
+    seconds, rows = _timed(lambda: generate(target, [prompt], N), repeats, device)
+    plain = rows[0]
+    out = [{"decoder": "plain", "draft": None, "k": None, "tokens_per_s": round(N / seconds, 1),
+            "target_forwards_per_token": 1.0, "acceptance": None, "same_tokens": True}]
+    progress.step("speculative plain greedy", f"{out[-1]['tokens_per_s']:9.1f} tokens/s, 1.00 target forwards/token")
+    for name, draft in drafts.items():
+        seconds, (tokens, stats) = _timed(lambda: speculate(target, draft, prompt, N, k), repeats, device)
+        out.append({"decoder": "speculative", "draft": name, "k": k, "tokens_per_s": round(N / seconds, 1),
+                    "target_forwards_per_token": round(stats["target_forwards"] / N, 3),
+                    "acceptance": round(stats["accepted"] / max(stats["proposed"], 1), 3),
+                    "same_tokens": tokens == plain})
+        row = out[-1]
+        progress.step(f"speculative k={k} {name:>9} draft",
+                      f"{row['tokens_per_s']:9.1f} tokens/s, {row['target_forwards_per_token']:.2f} target forwards/token, "
+                      f"acceptance {row['acceptance']:.2f}, same tokens as plain: {row['same_tokens']}")
+    return out
+
+
+def lines(rows: list[dict]) -> list[str]:
+    """One line per speculative run: its speed against plain greedy decoding."""
+    plain = next(r for r in rows if r["decoder"] == "plain")["tokens_per_s"]
+    return [f"speculative k={r['k']} {r['draft']} draft / plain greedy tokens/s: {r['tokens_per_s'] / plain:.2f} "
+            f"(acceptance {r['acceptance']:.2f}, {r['target_forwards_per_token']:.2f} target forwards per token)"
+            for r in rows if r["decoder"] == "speculative"]

@@ -1,0 +1,421 @@
+"""``kvkata bench``: the costs of caching, measured on this machine.
+
+1. append — time of one decode step's append against cache length, for concatenation,
+   preallocation and paged blocks (16 and 64), each with and without reading the cache back
+   for one query's attention;
+2. generate — tokens/s of the reference batched loop (kata 08), an uncached loop, and Hugging
+   Face ``generate()`` on the same weights when ``transformers`` is installed;
+3. memory — bytes the caches really hold against the formula of kata 04;
+4. quantized — kata 09's cache at 2, 4 and 8 bits: bytes against fp16, attention error (bench_k09).
+5. prefix cache — prefill tokens computed with and without prefix caching (kata 10) for requests
+   that share a system prompt, and the hit rate.
+6. beam — blocks a beam search holds when its beams share the prompt's blocks, against a dense
+   cache per beam (``grader.bench.k11``).
+7. speculative — tokens/s and target forwards per token of speculative decoding (kata 12) with a
+   close, a perturbed and a random draft, against plain greedy decoding (``grader.bench.k12``).
+8. serving — continuous batching (kata 13) against static batches of kata 08's loop
+   (``grader.bench.k13``): tokens/s, time to first token, latency, blocks in use.
+
+Everything runs the reference solutions, never the learner's files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from grader.bench import k09 as bench_k09
+from grader.bench import k12 as bench_k12
+from grader.bench import k13 as bench_k13
+from grader.bench.k11 import bench_beam
+from grader.bench.shared import GENERATE_CONFIG, reference
+from grader.checks.k10_programs import prefix_workload
+from grader.nn import Llama, LlamaConfig, attend
+
+HEADS, HEAD_DIM = 8, 64
+NEW_TOKENS = 64
+
+
+class Progress:
+    """One line per finished measurement on stderr: ``[3/14] append concat 4096 … 12.3 µs``."""
+
+    def __init__(self, total: int, quiet: bool = False):
+        self.total, self.done, self.quiet, self.started = total, 0, quiet, time.perf_counter()
+
+    def step(self, label: str, result: str) -> None:
+        self.done += 1
+        if not self.quiet:
+            elapsed = time.perf_counter() - self.started
+            print(f"[{self.done}/{self.total} · {elapsed:5.1f} s] {label}: {result}", file=sys.stderr, flush=True)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_us(fn, repeats: int, device: torch.device) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+# -- 1. append ------------------------------------------------------------------------------
+def _append_cases(tokens: int, steps: int, device: torch.device):
+    """For each cache kind: (name, append one token, append then attend), prefilled to ``tokens``."""
+    dtype, B = torch.float32, 1
+    prompt = torch.randn(B, HEADS, tokens, HEAD_DIM, device=device, dtype=dtype)
+    prompt_row = prompt[0]  # (H, S, D)
+    one = torch.randn(B, HEADS, 1, HEAD_DIM, device=device, dtype=dtype)
+    one_row = one[0]  # (H, 1, D): the paged cache takes one sequence's keys, indexed once here
+    q = torch.randn(B, HEADS, 1, HEAD_DIM, device=device, dtype=dtype)
+    k01, k05, k06 = reference("01"), reference("05"), reference("06")
+
+    dynamic = k01["DynamicKVCache"]()
+    dynamic.update(0, prompt, prompt)
+    yield "concat", lambda: dynamic.update(0, one, one), lambda: attend(q, *dynamic.update(0, one, one))
+
+    static = k05["StaticKVCache"](1, B, tokens + 4 * steps + 4, HEADS, HEAD_DIM, dtype=dtype, device=device)
+    static.update(0, prompt, prompt)
+
+    def static_step():
+        if static.seq_len(0) >= tokens + 4 * steps:
+            static.reset()
+            static.update(0, prompt, prompt)
+        return static.update(0, one, one)
+
+    def static_attend():
+        K, V = static_step()
+        n = static.seq_len(0)
+        return attend(q, K[:, :, :n], V[:, :, :n])
+
+    yield "preallocated", static_step, static_attend
+
+    for block in (16, 64):
+        paged = k06["PagedKVCache"](math.ceil((tokens + 4 * steps + 4) / block) + 1, block, 1, HEADS, HEAD_DIM,
+                                    dtype=dtype, device=device)
+        paged.add_sequence(0)
+        paged.write(0, paged.reserve(0, tokens), prompt_row, prompt_row)
+
+        def paged_step(paged=paged):
+            if paged.seq_len(0) >= tokens + 4 * steps:
+                paged.free(0)
+                paged.add_sequence(0)
+                paged.write(0, paged.reserve(0, tokens), prompt_row, prompt_row)
+            paged.write(0, paged.reserve(0, 1), one_row, one_row)
+
+        def paged_attend(paged=paged, step=paged_step):
+            step()
+            K, V = paged.gather(0, 0)  # (H, S, D)
+            return attend(q, K[None], V[None])  # (1, H, 1, D)
+
+        yield f"paged-{block}", paged_step, paged_attend
+
+
+def bench_append(lengths: list[int], steps: int, device: torch.device, progress: Progress) -> list[dict]:
+    rows = []
+    for tokens in lengths:
+        for name, step, step_and_attend in _append_cases(tokens, steps, device):
+            for _ in range(3):
+                step(), step_and_attend()  # warm up allocator and kernels
+            row = {"cache": name, "tokens": tokens, "step_us": round(_median_us(step, steps, device), 2),
+                   "attend_us": round(_median_us(step_and_attend, steps, device), 2)}
+            rows.append(row)
+            progress.step(f"append {name:>12} at {tokens:>6} tokens", f"{row['step_us']:9.1f} µs append, "
+                          f"{row['attend_us']:9.1f} µs with attention")
+    return rows
+
+
+# -- 2. generate ----------------------------------------------------------------------------
+def _prompts(batch: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    lengths = [16 + 6 * (i % 8) for i in range(batch)] if batch > 1 else [37]
+    return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _left_pad(prompts: list[list[int]], device: torch.device):
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    real = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        real[row, width - len(prompt):] = True
+    return ids.to(device), real.to(device)
+
+
+@torch.inference_mode()
+def uncached_generate(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding that runs the whole sequence through the model at every step."""
+    device = next(model.parameters()).device
+    ids, real = _left_pad(prompts, device)
+    for _ in range(max_new_tokens):
+        T = ids.shape[1]
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        mask = causal[None] & real[:, None, :]  # (B, T, T)
+        logits = model(ids, position_ids=positions, attention_mask=mask)
+        token = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        ids = torch.cat([ids, token], dim=1)
+        real = torch.cat([real, torch.ones_like(token, dtype=torch.bool)], dim=1)
+    return ids[:, -max_new_tokens:].tolist() if max_new_tokens else [[] for _ in prompts]
+
+
+def _hf_model(model, device: torch.device):
+    try:
+        import transformers
+    except ImportError:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="kvkata-bench-"))
+    model.save_pretrained(folder)
+    hf = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    return hf.to(device).eval()
+
+
+@torch.inference_mode()
+def _hf_generate(hf, prompts: list[list[int]], max_new_tokens: int):
+    device = next(hf.parameters()).device
+    ids, real = _left_pad(prompts, device)
+    out = hf.generate(input_ids=ids, attention_mask=real.long(), max_new_tokens=max_new_tokens,
+                      min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+    return out[:, ids.shape[1]:].tolist()
+
+
+def bench_generate(batches: list[int], device: torch.device, progress: Progress,
+                   new_tokens: int = NEW_TOKENS, with_hf: bool = True, repeats: int = 3) -> list[dict]:
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(**GENERATE_CONFIG)).to(device).eval()
+    hf = _hf_model(model, device) if with_hf else None
+    generate = reference("08")["generate"]
+    impls = {"reference": lambda p: generate(model, p, new_tokens),
+             "uncached": lambda p: uncached_generate(model, p, new_tokens)}
+    if hf is not None:
+        impls["hf"] = lambda p: _hf_generate(hf, p, new_tokens)
+    rows = []
+    progress.total += len(batches) * len(impls) + (hf is None)
+    for batch in batches:
+        prompts = _prompts(batch, GENERATE_CONFIG["vocab_size"])
+        for name, run in impls.items():
+            run(prompts)  # warm up with the real batch: first allocations are not timed
+            times = []
+            for _ in range(repeats):
+                _sync(device)
+                start = time.perf_counter()
+                run(prompts)
+                _sync(device)
+                times.append(time.perf_counter() - start)
+            seconds = statistics.median(times)
+            rows.append({"impl": name, "batch": batch, "tokens_per_s": round(batch * new_tokens / seconds, 1)})
+            progress.step(f"generate {name:>9} batch {batch:>2}", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s")
+    if hf is None:
+        progress.step("generate hf", "skipped: transformers is not installed (pip install transformers)")
+    return rows
+
+
+# -- 3. memory ------------------------------------------------------------------------------
+def _held_bytes(tensors) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def bench_memory(device: torch.device, progress: Progress) -> list[dict]:
+    layers, batch, tokens, max_len, block = 4, 2, 1000, 1024, 16
+    formula = reference("04")["kv_cache_bytes"]
+    dtype, bpe = torch.float32, 4
+    chunk = torch.randn(batch, HEADS, tokens, HEAD_DIM, device=device, dtype=dtype)
+    rows = []
+
+    dynamic = reference("01")["DynamicKVCache"]()
+    for layer in range(layers):
+        dynamic.update(layer, chunk, chunk)
+    held = _held_bytes(t for layer in range(layers) for t in dynamic.update(layer, chunk[:, :, :0], chunk[:, :, :0]))
+    rows.append({"cache": "concat", "tokens": tokens, "held_bytes": held,
+                 "formula_bytes": formula(layers, batch, tokens, HEADS, HEAD_DIM, bpe)})
+
+    static = reference("05")["StaticKVCache"](layers, batch, max_len, HEADS, HEAD_DIM, dtype=dtype, device=device)
+    for layer in range(layers):
+        static.update(layer, chunk, chunk)
+    rows.append({"cache": "preallocated", "tokens": tokens, "held_bytes": _held_bytes(static.keys + static.values),
+                 "formula_bytes": formula(layers, batch, tokens, HEADS, HEAD_DIM, bpe),
+                 "note": f"reserved for max_len={max_len}"})
+
+    per_seq = math.ceil(tokens / block)
+    paged = reference("06")["PagedKVCache"](per_seq * batch, block, layers, HEADS, HEAD_DIM, dtype=dtype, device=device)
+    for seq in range(batch):
+        paged.add_sequence(seq)
+        slots = paged.reserve(seq, tokens)
+        for layer in range(layers):
+            paged.write(layer, slots, chunk[seq], chunk[seq])
+    rows.append({"cache": f"paged-{block}", "tokens": tokens, "held_bytes": _held_bytes(paged.k_pages + paged.v_pages),
+                 "formula_bytes": formula(layers, batch, tokens, HEADS, HEAD_DIM, bpe),
+                 "note": f"{per_seq * batch} blocks of {block} tokens"})
+    for row in rows:
+        progress.step(f"memory {row['cache']:>12}", f"{row['held_bytes']:,} B held, formula {row['formula_bytes']:,} B")
+    return rows
+
+
+# -- prefix caching (kata 10) ---------------------------------------------------------------------
+def bench_prefix_cache(device: torch.device, progress: Progress, quick: bool) -> list[dict]:
+    """Prefill tokens computed and blocks held, without and with prefix caching (the reference of kata 10).
+
+    "concurrent": every request is live at once; "one after another": each is freed before the next,
+    in a pool of only 3 requests' worth of blocks, so the prompt survives as evictable cached blocks.
+    Bookkeeping only: ``device`` is not used.
+    """
+    cache_class, block = reference("10")["PrefixCache"], 16
+    prompts = prefix_workload(requests=16 if quick else 32)
+    total = sum(len(p) for p in prompts)
+    alone = sum(-(-len(p) // block) for p in prompts)
+    rows = []
+    for mode, num_blocks in (("concurrent", alone), ("one after another", 3 * (-(-(512 + 128) // block)))):
+        cache = cache_class(num_blocks, block)
+        started, reused, held = time.perf_counter(), 0, 0
+        for seq, prompt in enumerate(prompts):
+            reused += cache.allocate(seq, prompt)
+            held = max(held, num_blocks - cache.num_free_blocks)
+            if mode != "concurrent":
+                cache.free(seq)
+        seconds = time.perf_counter() - started
+        rows.append({"mode": mode, "requests": len(prompts), "prefix": 512, "block_size": block,
+                     "prompt_tokens": total, "computed_without": total, "computed_with": total - reused,
+                     "hit_rate": reused / total, "blocks_without": alone if mode == "concurrent" else None,
+                     "blocks_with": held, "us_per_request": seconds / len(prompts) * 1e6})
+        progress.step(f"prefix cache {mode}", f"prefill {total - reused:,} of {total:,} tokens "
+                      f"(hit rate {reused / total:.0%}), at most {held} blocks held")
+    return rows
+
+
+# -- the command ----------------------------------------------------------------------------
+def machine(device: torch.device) -> dict:
+    info = {"device": device.type, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def targets_met(result: dict) -> list[str]:
+    """The issue's targets, as ratios from this one run."""
+    lines = []
+    append = {(r["cache"], r["tokens"]): r["step_us"] for r in result["append"]}
+    lengths = sorted({r["tokens"] for r in result["append"]})
+    lo, hi = lengths[0], lengths[-1]
+
+    def ratio(line, value, ok):
+        lines.append(f"{'ok  ' if ok else 'MISS'} {line}: {value:.2f}")
+
+    ratio(f"preallocated step at {hi} / at {lo} tokens (≤ 1.5)", append["preallocated", hi] / append["preallocated", lo],
+          append["preallocated", hi] / append["preallocated", lo] <= 1.5)
+    ratio(f"concat step at {hi} / at {lo} tokens (≥ 5)", append["concat", hi] / append["concat", lo],
+          append["concat", hi] / append["concat", lo] >= 5)
+    ratio(f"paged-16 / preallocated step at {hi} tokens (≤ 1.5)", append["paged-16", hi] / append["preallocated", hi],
+          append["paged-16", hi] / append["preallocated", hi] <= 1.5)
+    speed = {(r["impl"], r["batch"]): r["tokens_per_s"] for r in result["generate"]}
+    for batch in sorted({r["batch"] for r in result["generate"]}):
+        ref = speed["reference", batch]
+        ratio(f"reference / uncached tokens/s at batch {batch} (≥ 8)", ref / speed["uncached", batch],
+              ref / speed["uncached", batch] >= 8)
+        if ("hf", batch) in speed:
+            ratio(f"reference / transformers tokens/s at batch {batch} (≥ 2)", ref / speed["hf", batch],
+                  ref / speed["hf", batch] >= 2)
+    return lines
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["cache"] for r in result["append"]):
+        rows = [r for r in result["append"] if r["cache"] == name]
+        left.plot([r["tokens"] for r in rows], [r["step_us"] for r in rows], marker="o", label=name)
+    lengths = sorted({r["tokens"] for r in result["append"]})
+    left.set(xscale="log", yscale="log", xlabel="cached tokens", ylabel="append per decode step (µs)",
+             title="Append cost against cache length")
+    left.set_xticks(lengths, [str(n) for n in lengths])
+    left.minorticks_off()
+    left.legend()
+    impls = list(dict.fromkeys(r["impl"] for r in result["generate"]))
+    batches = sorted({r["batch"] for r in result["generate"]})
+    width = 0.8 / max(len(impls), 1)
+    for i, impl in enumerate(impls):
+        speed = {r["batch"]: r["tokens_per_s"] for r in result["generate"] if r["impl"] == impl}
+        right.bar([b + i * width for b in range(len(batches))], [speed.get(b, 0) for b in batches], width, label=impl)
+    right.set(xticks=[b + width * (len(impls) - 1) / 2 for b in range(len(batches))], xticklabels=batches,
+              xlabel="batch", ylabel="tokens/s", title="Generation throughput")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[int] | None = None,
+        batches: list[int] | None = None, steps: int | None = None, new_tokens: int = NEW_TOKENS,
+        hf: bool = True, speculative_tokens: int | None = None, serving_requests: int | None = None) -> dict:
+    lengths = lengths or ([256, 1024, 4096] if quick else [256, 1024, 4096, 16384])
+    batches = batches or ([1, 8] if quick else [1, 8, 32])
+    steps = steps or (30 if quick else 100)
+    progress = Progress(len(lengths) * 4 + 5 + bench_k09.steps(lengths), quiet)  # generation adds its own count
+    result = {"machine": machine(device), "append": bench_append(lengths, steps, device, progress)}
+    result["generate"] = bench_generate(batches, device, progress, new_tokens, hf)
+    result["memory"] = bench_memory(device, progress)
+    result["quantized"] = bench_k09.bench_quant(lengths, device, progress)
+    result["prefix_cache"] = bench_prefix_cache(device, progress, quick)
+    result["beam"] = bench_beam(device, progress, quick)
+    result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
+    result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
+    result["targets"] = targets_met(result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvkata bench", description="Measure the costs of caching on this machine.")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes; under a minute on 2 CPU cores")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch (default 2)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw append cost and throughput (needs matplotlib)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    if args.threads < 1:
+        parser.error(f"--threads: expected a positive number, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    result = run(args.quick, torch.device(args.device))
+    print(json.dumps(result["machine"]))
+    for line in result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"]):
+        print(line)
+    for line in bench_k09.summary(result["quantized"]):
+        print(line)
+    for row in result["prefix_cache"]:
+        print(f"prefix cache, {row['mode']}: {row['requests']} requests sharing a {row['prefix']}-token prompt "
+              f"prefill {row['computed_with']:,} of {row['prompt_tokens']:,} tokens (hit rate {row['hit_rate']:.1%})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"results written to {args.json}")
+    if args.plot:
+        try:
+            plot(result, args.plot)
+        except ImportError:
+            print("--plot needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Grading many submissions, each isolated: the engine of ``kvkata grade``.
+
+Each submission × kata runs in a worker process of its own (grader.classroom.cohort.worker) with a time
+limit, a memory limit and an audit hook, in parallel, in a sandbox folder holding a copy of the
+submitted file. Workers are forked from a warm server that has imported torch and the grader once
+(multiprocessing's forkserver), so a worker costs a fork instead of a Python start and a torch
+import; each one still gets its own process, session, folder, limits and audit hook, all applied
+after the fork. Where there is no forkserver (Windows), each worker is a fresh interpreter. The
+worker only records what the learner's code did; processes that never run learner code replay the
+records against the reference (grader.classroom.cohort.replay) and make the rows: judge processes forked
+from the same warm server while the workers go on, or this one (grader.classroom.cohort.judging).
+A worker that hangs, crashes, exits, floods its output or tampers with the grader gets an honest
+failing row; no worker can change another row or stop the run.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader import manifest
+
+OUTPUT_CAP = 64 * 1024  # bytes of a worker's output kept for the report
+WORKER = "grader.classroom.cohort.worker"  # the module each worker runs
+
+
+@dataclass
+class Settings:
+    device: str = "cpu"
+    seed: int = 0
+    timeout: float = 60.0  # seconds a submission × kata may run, from the moment the grader has started
+    startup: float = 300.0  # seconds the grader may take to start in a worker (importing torch, warming up)
+    memory_mb: int | None = 4096  # what the learner's code may allocate, beyond the grader's own; None: no limit
+    file_mb: int = 64  # the largest file a worker may write
+    jobs: int = 1
+    warm: bool = "forkserver" in multiprocessing.get_all_start_methods()  # fork workers from a warm server
+    judges: int | None = None  # judge processes when warm (grader.classroom.cohort.judging); None: one per job; 0: judge here
+    remember: bool = True  # judges remember the reference's outputs and Hypothesis' runs (grader.classroom.cohort.memo)
+
+
+@dataclass
+class Job:
+    submission: str  # how rows name it
+    root: Path  # the submission folder
+    kata: manifest.Kata
+    file: Path | None  # the submitted file; None when the submission has none for this kata
+
+
+@dataclass
+class Run:
+    job: Job
+    sandbox: Path
+    returncode: int | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+    output: bytes = b""
+    output_bytes: int = 0
+    started: bool = False  # the grader started in the worker (out/ready.pt), so the learner's code may have run
+    startup_timed_out: bool = False
+
+
+def find_file(root: Path, kata: manifest.Kata) -> Path | None:
+    """The kata's file in a submission folder: ``katas/NN/<file>``, ``NN/<file>`` or ``<file>``."""
+    for candidate in (root / kata.stub, root / kata.id / kata.file, root / kata.file):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+# -- the worker process ---------------------------------------------------------------------
+def _environment(sandbox: Path) -> dict:
+    paths = [str(manifest.PACKAGE_DIR.parent)] + [p for p in sys.path if p and os.path.isdir(p)]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+           "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TMPDIR": str(sandbox / "tmp"), "HOME": str(sandbox),
+           "LANG": "C.UTF-8"}
+    env.update({k: os.environ[k] for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME") if k in os.environ})
+    return env
+
+
+def _spec(job: Job, sandbox: Path, workdir: Path, roots: list[Path], settings: Settings) -> dict:
+    root = manifest.REPO_ROOT
+    return {"kata": job.kata.id, "file": str(sandbox / "submission" / job.kata.file), "label": job.kata.stub,
+            "out": str(sandbox / "out"), "sandbox": str(sandbox), "device": settings.device, "seed": settings.seed,
+            "timeout": settings.timeout, "memory_mb": settings.memory_mb,
+            "file_mb": settings.file_mb, "threads": 1,
+            "guarded": [str(root), str(manifest.PACKAGE_DIR), str(workdir)] + [str(r) for r in roots],
+            "secret": [str(root / "solutions"), str(manifest.PACKAGE_DIR / "mistakes"), str(workdir)] + [str(r) for r in roots]}
+
+
+def _drain(stream, run: Run) -> None:
+    """Read a worker's output to the end, keeping the first OUTPUT_CAP bytes."""
+    kept = []
+    while chunk := stream.read(65536):
+        run.output_bytes += len(chunk)
+        if sum(map(len, kept)) < OUTPUT_CAP:
+            kept.append(chunk)
+    run.output = b"".join(kept)[:OUTPUT_CAP]
+
+
+class Forked:
+    """A worker forked from the warm server, with the face of subprocess.Popen that ``wait`` uses."""
+
+    def __init__(self, spec_path: Path, environment: dict):
+        context = multiprocessing.get_context("forkserver")
+        readable, writable = context.Pipe(duplex=False)
+        # daemon: a worker still alive when this process exits is killed, never waited for
+        self.process = context.Process(target=_forked_worker, args=(WORKER, str(spec_path), writable, environment),
+                                       daemon=True)
+        self.stdout = os.fdopen(os.dup(readable.fileno()), "rb", buffering=0)  # the worker's stdout and stderr
+        readable.close()
+        try:
+            self.process.start()
+        finally:
+            writable.close()
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(WORKER, timeout)
+        return self.process.exitcode
+
+
+def _forked_worker(worker: str, spec_path: str, output, environment: dict) -> None:
+    """In the forked child: become what a fresh ``python -m grader.classroom.cohort.worker`` would be (its
+    own session, output, folder and environment), then grade."""
+    os.setsid()  # its own process group, which the parent kills at the time limit
+    os.dup2(output.fileno(), 1)
+    os.dup2(output.fileno(), 2)
+    output.close()
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(Path(spec_path).parent)
+    importlib.import_module(worker).forked(spec_path)
+
+
+def start_server(katas: list[manifest.Kata]) -> None:
+    """Start the warm server (once per process): torch, the grader and the kata's checks imported,
+    with the environment a fresh worker would have had from its start."""
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        [WORKER, "grader.classroom.cohort.record", *[f"grader.checks.k{k.id}" for k in katas], "grader.classroom.cohort.server"])
+    fixed = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with _environ(fixed):
+        forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _environ(values: dict):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings: Settings, live: set) -> Run:
+    sandbox = (workdir / f"{index:04d}").resolve()
+    for sub in ("submission", "out", "tmp"):
+        (sandbox / sub).mkdir(parents=True)
+    shutil.copyfile(job.file, sandbox / "submission" / job.kata.file)
+    (sandbox / "spec.json").write_text(json.dumps(_spec(job, sandbox, workdir.resolve(), roots, settings)))
+    run = Run(job, sandbox)
+    if settings.warm:
+        proc = Forked(sandbox / "spec.json", _environment(sandbox))
+    else:
+        proc = subprocess.Popen([sys.executable, "-m", WORKER, str(sandbox / "spec.json")],
+                                cwd=sandbox, env=_environment(sandbox), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    live.add(proc)
+    reader = threading.Thread(target=_drain, args=(proc.stdout, run), daemon=True)
+    reader.start()
+    try:
+        wait(proc, run, settings)
+    finally:
+        live.discard(proc)
+    reader.join(timeout=10)
+    return run
+
+
+def wait(proc: subprocess.Popen, run: Run, settings: Settings) -> None:
+    """Wait for the worker: first for the grader to start (out/ready.pt), then, from that moment,
+    for the learner's time limit; kill it at whichever limit it reaches."""
+    ready, begun = run.sandbox / "out" / "ready.pt", time.monotonic()
+    while not ready.exists() and proc.poll() is None and time.monotonic() - begun < settings.startup:
+        time.sleep(0.02)
+    run.started = ready.exists()
+    started = time.monotonic()
+    try:
+        run.returncode = proc.wait(timeout=settings.timeout if run.started else 0.01)
+    except subprocess.TimeoutExpired:
+        run.timed_out, run.startup_timed_out = run.started, not run.started
+        kill(proc)
+        run.returncode = proc.wait()
+    run.seconds = time.monotonic() - (started if run.started else begun)
+
+
+def kill(proc) -> None:
+    """Kill a worker and anything in its process group (the worker itself too, should it not have
+    made its own group yet)."""
+    for send in (os.killpg, os.kill):
+        try:
+            send(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# -- rows -----------------------------------------------------------------------------------
+def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
+    """One row per job, in the order of ``jobs``; workers run ``settings.jobs`` at a time, and
+    each is judged as it finishes (grader.classroom.cohort.judging)."""
+    from grader.classroom.cohort import judge, judging
+
+    roots = sorted({j.root.resolve() for j in jobs})
+    if settings.warm:
+        start_server(list({j.kata.id: j.kata for j in jobs}.values()))
+    workdir = Path(tempfile.mkdtemp(prefix="kvkata-grade-"))
+    rows: dict[int, dict] = {}
+    live: set = set()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool, judging.Judges(settings) as judges:
+            for i, job in enumerate(jobs):
+                if job.file is None:
+                    rows[i] = judge.missing_row(job)
+                    _tell(progress, len(rows), len(jobs), rows[i])
+                else:
+                    pool.submit(run_worker, job, i, workdir, roots, settings, live).add_done_callback(judges.ran(i))
+            try:
+                while len(rows) < len(jobs):
+                    i, row = judges.next_row(jobs)
+                    rows[i] = row
+                    _tell(progress, len(rows), len(jobs), row)
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                for proc in list(live):
+                    kill(proc)
+                raise
+    finally:
+        if os.environ.get("KVKATA_KEEP_SANDBOXES"):  # for debugging the grader: keep what the workers wrote
+            print(f"kvkata: sandboxes kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return [rows[i] for i in range(len(jobs))]
+
+
+def _tell(progress, done: int, total: int, row: dict) -> None:
+    if progress:
+        width = len(str(total))
+        progress(f"[{done:>{width}}/{total}] {row['submission']} · kata {row['kata']}: {row['status']} "
+                 f"{row['passed']}/{row['total']} ({row['seconds']:.1f} s)" + (f" — {row['note']}" if row['note'] else ""))

@@ -1,0 +1,243 @@
+"""Interview practice: a timed session on a fresh copy of a kata, its submission, the follow-up
+questions, a quiz of the numeric ones, and the history of past sessions.
+
+The open session is one JSON file in the state folder (``session.json``), written atomically, so
+it survives a crash or a closed terminal; its work lives in ``sessions/<id>/``, never in ``katas/``.
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from grader import manifest, render, state
+from grader.learner import tools as learner
+from grader.errors import UsageError
+from grader.stubs import pristine_stub
+
+SESSION = "session.json"
+HISTORY = "history.json"
+FOLDER = "sessions"
+NUMBER = re.compile(r"[-+]?(?:\d[\d_,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _path(name: str) -> Path:
+    return state.state_dir() / name
+
+
+def current() -> dict | None:
+    """The open session, or None; a session file of the wrong shape is set aside with a warning."""
+    session = state.read_json(_path(SESSION), None)
+    if session is None:
+        return None
+    if not isinstance(session, dict) or not {"id", "kata", "file", "started_epoch", "minutes"} <= session.keys():
+        aside = _path(SESSION).with_name(f"{SESSION}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        _path(SESSION).replace(aside)
+        print(f"kvkata: {_path(SESSION)} did not describe a session; moved it to {aside}", file=sys.stderr)
+        return None
+    return session
+
+
+def history() -> list[dict]:
+    entries = state.read_json(_path(HISTORY), [])
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _append_history(entry: dict) -> None:
+    entries = [e for e in history() if e.get("id") != entry["id"]]
+    state.write_json(_path(HISTORY), entries + [entry])
+
+
+def passed(k: manifest.Kata) -> bool:
+    """Whether an interview session on ``k`` passed every check."""
+    return any(e.get("kata") == k.id and e.get("total") and e.get("passed") == e.get("total") for e in history())
+
+
+# -- starting -------------------------------------------------------------------------------
+def pick(kata_id: str | None, level: int | None, rng: random.Random | None = None) -> manifest.Kata:
+    """The kata asked for, or one of the level practised least so far (ties drawn at random)."""
+    if kata_id is not None:
+        return learner.kata(kata_id)
+    katas = [k for k in manifest.load().values() if level is None or k.level == level]
+    if not katas:
+        levels = sorted({k.level for k in manifest.load().values()})
+        raise UsageError(f"no kata has level {level}; levels: {', '.join(map(str, levels))}")
+    done = [e.get("kata") for e in history()]
+    fewest = min(done.count(k.id) for k in katas)
+    return (rng or random.Random()).choice([k for k in katas if done.count(k.id) == fewest])
+
+
+def start(k: manifest.Kata, minutes: int | None, abandon: bool) -> str:
+    """Open a session on a fresh stub of ``k``; the brief to print."""
+    open_session = current()
+    if open_session and not abandon:
+        raise UsageError(f"an interview session is open (kata {open_session['kata']}, started "
+                         f"{open_session.get('started', '?')}): finish it with `kvkata submit`, or start "
+                         "a new one with `kvkata interview ... --abandon`")
+    if minutes is not None and minutes <= 0:
+        raise UsageError(f"--minutes: expected a positive number of minutes, got {minutes}")
+    stub, _ = pristine_stub(k)
+    notes = [_abandon(open_session)] if open_session else []
+    now = time.time()
+    session_id = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f"-{k.id}"
+    folder = _path(FOLDER) / session_id
+    while folder.exists():
+        session_id += "x"
+        folder = _path(FOLDER) / session_id
+    state.write_atomic(folder / k.file, stub.encode("utf-8"))
+    readme = manifest.REPO_ROOT / k.readme
+    if readme.is_file():
+        shutil.copyfile(readme, folder / "README.md")
+    session = {"id": session_id, "kata": k.id, "dir": str(folder), "file": str(folder / k.file),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)), "started_epoch": now,
+               "minutes": minutes or k.minutes, "hints_used": 0}
+    state.write_json(_path(SESSION), session)
+    return "\n".join(notes + [brief(k, session)])
+
+
+def _abandon(session: dict) -> str:
+    entry = _entry(session, None, time.time())
+    entry["status"] = "abandoned"
+    _append_history(entry)
+    _path(SESSION).unlink(missing_ok=True)
+    return f"abandoned the session on kata {session['kata']} (its files stay in {session.get('dir')})\n"
+
+
+def brief(k: manifest.Kata, session: dict) -> str:
+    deadline = time.localtime(session["started_epoch"] + 60 * session["minutes"])
+    tasks = "\n".join(f"  {n}. {task}" for n, task in enumerate(k.tasks, start=1))
+    return (f"interview session {session['id']}\n"
+            f"kata {k.id} · {k.title} · level {k.level}\n"
+            f"time: {session['minutes']} min — deadline {time.strftime('%H:%M:%S', deadline)}\n\n"
+            f"{_goal(Path(session['dir']) / 'README.md')}tasks:\n{tasks}\n\n"
+            f"the brief:         {Path(session['dir']) / 'README.md'}\n"
+            f"edit this file:    {session['file']}\n"
+            f"when you are done: kvkata submit      (a hint, counted: kvkata hint)")
+
+
+def _goal(readme: Path) -> str:
+    """The README's Goal section, if there is one."""
+    if not readme.is_file():
+        return ""
+    match = re.search(r"^## Goal\s*\n(.*?)(?=^## |\Z)", readme.read_text(encoding="utf-8"), re.S | re.M)
+    return match.group(1).strip() + "\n\n" if match else ""
+
+
+# -- during and after -----------------------------------------------------------------------
+def require() -> dict:
+    session = current()
+    if session is None:
+        raise UsageError("no interview session is open; start one with `kvkata interview --kata NN` "
+                         "(or --level N)")
+    return session
+
+
+def use_hint(session: dict, show_all: bool) -> str:
+    k = learner.kata(session["kata"])
+    text, session["hints_used"] = learner.next_hint(k, int(session.get("hints_used", 0)), show_all)
+    state.write_json(_path(SESSION), session)
+    return f"{text}\n(interview session: {session['hints_used']} hint(s) used)"
+
+
+def _entry(session: dict, results, now: float) -> dict:
+    elapsed = now - float(session["started_epoch"])
+    over = max(0.0, elapsed - 60 * float(session["minutes"]))
+    return {"id": session["id"], "kata": session["kata"], "started": session.get("started"),
+            "minutes": session["minutes"], "elapsed_s": round(elapsed, 1),
+            "passed": None if results is None else sum(r.passed for r in results),
+            "total": None if results is None else len(results),
+            "hints_used": int(session.get("hints_used", 0)), "overtime": over > 0, "overtime_s": round(over, 1),
+            "dir": session.get("dir"), "status": "submitted",
+            "checks": None if results is None else {r.check.id: r.status for r in results}}
+
+
+def submit(device: str = "cpu", timeout: float | None = None) -> tuple[str, int]:
+    """Grade the open session's file, record it in the history, close the session."""
+    session = require()
+    k = learner.kata(session["kata"])
+    results = learner.grade_file(k, session["file"], device=device, timeout=timeout)
+    entry = _entry(session, results, time.time())
+    _append_history(entry)  # first the record, then closing: a crash in between loses nothing
+    _path(SESSION).unlink(missing_ok=True)
+    from grader import grade  # here, not at the top: grading imports torch, and `kvkata` starts without it
+
+    minutes, seconds = divmod(int(entry["elapsed_s"]), 60)
+    timing = f"time: {minutes}:{seconds:02d} of {session['minutes']}:00"
+    if entry["overtime"]:
+        timing += f" — {int(entry['overtime_s'] // 60)}:{int(entry['overtime_s'] % 60):02d} over"
+    lines = render.result_lines(results) + ["", grade.summary(k, results), timing,
+                                             f"hints used: {entry['hints_used']}", "", followups(k)]
+    return "\n".join(lines), 0 if entry["passed"] == entry["total"] else 1
+
+
+def followups(k: manifest.Kata) -> str:
+    if not k.followups:
+        return f"kata {k.id} has no follow-up questions."
+    lines = ["follow-up questions an interviewer would ask next:"]
+    for n, f in enumerate(k.followups, start=1):
+        lines.append(f"  {n}. {f.question}" + ("  [numeric]" if f.value is not None else ""))
+    lines.append(f"check the numeric ones with `kvkata quiz {k.id}`; all answers: `kvkata quiz {k.id} --answers`")
+    return "\n".join(lines)
+
+
+# -- quiz and history -----------------------------------------------------------------------
+def parse_number(text: str) -> float | None:
+    match = NUMBER.search(text or "")
+    if not match:
+        return None
+    try:
+        return float(match.group(0).replace(",", "").replace("_", ""))
+    except ValueError:
+        return None
+
+
+def right(f: manifest.FollowUp, answer: float | None) -> bool:
+    if answer is None:
+        return False
+    if f.tolerance:
+        return abs(answer - f.value) <= f.tolerance * abs(f.value)
+    return math.isclose(answer, f.value, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def quiz(k: manifest.Kata, ask, say) -> int:
+    """Ask the numeric follow-ups of ``k``: ``ask(prompt)`` returns a line or None (no more input),
+    ``say(text)`` prints. Returns 0 when every answer is right."""
+    numeric = [f for f in k.followups if f.value is not None]
+    if not numeric:
+        say(f"kata {k.id} has no numeric follow-up questions.\n{followups(k)}")
+        return 0
+    score = 0
+    for n, f in enumerate(numeric, start=1):
+        line = ask(f"question {n} of {len(numeric)}: {f.question}\n> ")
+        answer = parse_number(line) if line is not None else None
+        score += right(f, answer)
+        verdict = "right" if right(f, answer) else ("no answer" if line is None else f"not quite (you said {line.strip()!r})")
+        say(f"{verdict}. {f.answer}\n")
+    say(f"{score} of {len(numeric)} right.")
+    return 0 if score == len(numeric) else 1
+
+
+def answers(k: manifest.Kata) -> str:
+    return "\n\n".join(f"{n}. {f.question}\n   {f.answer}" for n, f in enumerate(k.followups, start=1)) or \
+        f"kata {k.id} has no follow-up questions."
+
+
+def history_table() -> str:
+    entries = history()
+    if not entries:
+        return "no interview sessions yet: start one with `kvkata interview --level 1`"
+    lines = [f"{'started':<19}  {'kata':<4}  {'limit':>5}  {'time':>6}  {'checks':>6}  {'hints':>5}  "
+             f"{'overtime':>8}  status"]
+    for e in entries:
+        elapsed = int(e.get("elapsed_s") or 0)
+        checks = "-" if e.get("total") is None else f"{e.get('passed')}/{e.get('total')}"
+        over = int(e.get("overtime_s") or 0)
+        lines.append(f"{str(e.get('started', '?')).replace('T', ' '):<19}  {e.get('kata', '?'):<4}  "
+                     f"{str(e.get('minutes', '?')) + 'm':>5}  {elapsed // 60:>3}:{elapsed % 60:02d}  {checks:>6}  "
+                     f"{e.get('hints_used', 0):>5}  {(f'+{over // 60}:{over % 60:02d}' if e.get('overtime') else '-'):>8}  "
+                     f"{e.get('status', 'submitted')}")
+    return "\n".join(lines)
