@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader import grade, manifest, targets
+from grader import grade, manifest
+from grader.engine import targets
 
 HERE = Path(__file__).parent / "independent"
 FILES = sorted(HERE.glob("k[0-9][0-9]_*.py"))
