@@ -2,6 +2,7 @@
 
     handouts        ``kvkata assign``: a level's katas for students, without solutions
     tape, public    a handout's public checks: the reference's answers recorded, and run from the record
+    tape_keys       what the two agree on (the replay imports it, never the recorder)
     grading         ``kvkata grade``: find the submissions, grade them, write the reports
     cohort          workers forked from a warm server, each sandboxed, with time and memory limits
     server          what the warm server does once, before it forks anything

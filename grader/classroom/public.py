@@ -20,7 +20,7 @@ import torch
 
 from grader import manifest
 from grader.classroom.plain import exception_class, rebuild_exception
-from grader.classroom.tape import PUBLIC_SEED, entry_key, fingerprint
+from grader.classroom.tape_keys import PUBLIC_SEED, entry_key, fingerprint
 from grader.engine import UNSET, Ctx, Failure, GraderBug, Unrecorded, _site, run_body
 from grader.targets import Target
 
