@@ -25,6 +25,10 @@ kvkata            # the board: every kata of this handout
 kvkata hint {first}    # a hint, one step at a time
 ```
 
+No CUDA GPU? Run `pip install torch --index-url https://download.pytorch.org/whl/cpu` before
+`pip install -e .`: the CPU build of PyTorch, under 1 GB instead of the 5 GB of the CUDA build that
+pip resolves on Linux.
+
 ## Work
 
 Open `katas/NN/README.md` and fill in the file next to it (`katas/NN/<file>.py`).{notebooks}
