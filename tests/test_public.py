@@ -227,7 +227,7 @@ def test_a_level4_only_handout_carries_kata_06s_paged_cache_and_says_so(tmp_path
     loads = run(folder, "-c", "import grader.paged as p, grader.checks.k11, grader.checks.k13; print(p.source_file())")
     assert loads.returncode == 0 and loads.stdout.strip() == str(folder / "grader" / handouts.PAGED_COPY), loads.stderr
     note = handouts.paged_note(level4)
-    assert "11 and 13" in note and "copy of kata 06's reference" in note
+    assert "Katas 11 and 13 build on" in note and "copy of kata 06's reference" in note
     with_06 = handouts.katas_for(4)
     assert not handouts.paged_copy_needed(with_06) and "your own `katas/06/paged.py`" in handouts.paged_note(with_06)
     assert handouts.paged_note(handouts.katas_for(1)) == ""

@@ -1,6 +1,7 @@
 """``kvkata assign``: a handout of a level's katas — stubs, READMEs, notebooks, the grader without
-solutions, mistakes or the checks of other katas, each kata's public record (grader.classroom.tape)
-so its checks run there, and a GitHub Classroom workflow that runs them on every push."""
+solutions, mistakes, the recorder or the checks of other katas, each kata's public record
+(grader.classroom.tape) so its checks run there, and a GitHub Classroom workflow that runs them on
+every push. Kata 06's paged cache comes along only as a copy for level-4 katas without kata 06."""
 from __future__ import annotations
 
 import re
@@ -90,14 +91,16 @@ jobs:
 
 
 PAGED_NOTE = """
-Kata {users} build on kata 06's paged cache, which this handout does not assign: `grader/paged.py`
+{users} build on kata 06's paged cache, which this handout does not assign: `grader/paged.py`
 gives them a copy of kata 06's reference solution (`grader/paged_reference.py`), so that they run
 here. Kata 06 itself is not graded here.
+
 """
 
 OWN_PAGED_NOTE = """
-Kata {users} build on kata 06's paged cache: `grader/paged.py` loads your own `katas/06/paged.py`,
+{users} build on kata 06's paged cache: `grader/paged.py` loads your own `katas/06/paged.py`,
 so finish kata 06 first.
+
 """
 
 
@@ -182,7 +185,7 @@ def paged_note(katas: list[manifest.Kata]) -> str:
     if not users:
         return ""
     note = PAGED_NOTE if paged_copy_needed(katas) else OWN_PAGED_NOTE
-    return note.format(users=" and ".join(users))
+    return note.format(users=f"Kata {users[0]}" if len(users) == 1 else f"Katas {', '.join(users[:-1])} and {users[-1]}")
 
 
 def _pyproject() -> str:
@@ -241,7 +244,9 @@ def assign(level: int, out: str | None, only: bool = False, force: bool = False,
             + (f"; notebooks: {', '.join(notebooks)}" if notebooks else "; no notebooks yet")
             + ("; a GitHub Classroom workflow" if ci else "")
             + "\nno solutions and no known-mistake catalogue are in it, only the public checks' recorded answers "
-            "(see its README); grade the submissions with `kvkata grade`")
+            "(see its README)" + ("; but a copy of kata 06's reference paged cache, which its katas build on"
+                                   if paged_copy_needed(katas) else "")
+            + "; grade the submissions with `kvkata grade`")
 
 
 def _fill(build: Path, katas: list[manifest.Kata], level: int, ci: bool, say) -> list[str]:
