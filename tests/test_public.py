@@ -136,7 +136,8 @@ def leaked(folder: Path, katas, but=()) -> list[str]:
     """Secret bodies of ``katas`` in ``folder``'s Python files, leaving out those ``but``'s hold too."""
     allowed = secret_bodies(but)
     secret = {dump: where for dump, where in secret_bodies(katas).items() if dump not in allowed}
-    return [f"{path.relative_to(folder)}: {name} is {secret[dump]}" for path in folder.rglob("*.py")
+    files = [p for p in folder.rglob("*.py") if ".venv" not in p.relative_to(folder).parts]  # a student's venv
+    return [f"{path.relative_to(folder)}: {name} is {secret[dump]}" for path in files
             for dump, name in bodies(path.read_text(encoding="utf-8")).items() if dump in secret]
 
 
@@ -204,6 +205,8 @@ def test_a_handout_holds_no_reference_code(handout, tmp_path):
     assert not leaked(handout, KATAS)
     assert sorted(p.name for p in (handout / "grader" / "checks").glob("*.py")) == \
         ["__init__.py", "common.py", "devices.py", "k01.py", "k02.py", "k03.py", "k04.py"]
+    assert sorted(p.name for p in (handout / "grader" / "checks" / "promises").iterdir()) == \
+        [f"k{k.id}.toml" for k in handouts.katas_for(1)]
     everything = handouts.katas_for(max(k.level for k in KATAS))  # the grader of the largest handout
     handouts._copy_grader(tmp_path / "grader", everything)
     assert not leaked(tmp_path, KATAS) and not (tmp_path / "grader" / handouts.PAGED_COPY).exists()

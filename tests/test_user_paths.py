@@ -42,6 +42,7 @@ from packaging.utils import canonicalize_name
 from grader import manifest, mistakes
 from grader.classroom import autograder, handouts
 from test_cli import copy_repo
+from test_public import leaked
 
 pytestmark = pytest.mark.slow
 BIN = "Scripts" if os.name == "nt" else "bin"
@@ -214,6 +215,7 @@ def test_a_handout_in_its_own_venv_names_a_mistake_and_passes_the_reference(inst
         assert f"  {k.id}  {k.title}" in setup, setup[-3000:]  # the README's `kvkata`: the board
     assert "Traceback" not in setup and "Failed to initialize NumPy" not in setup, setup[-3000:]
     assert not (folder / "solutions").exists() and not (folder / "grader" / "mistakes").exists()
+    assert not leaked(folder, list(manifest.load().values()))  # no body of any kata's reference or mistake
 
     kata = manifest.get(kata_id)
     name, public = caught_mistake(folder, kata_id)

@@ -165,6 +165,8 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
         skip = {n for n in names if n in NOT_IN_A_HANDOUT or n.endswith(".pyc")}
         if Path(folder) == checks_dir:
             skip |= {n for n in names if n.endswith(".py") and n not in kept}
+        if Path(folder) == checks_dir / "promises":  # the promise tables of its own katas only
+            skip |= {n for n in names if n.endswith(".toml") and n[1:-5] not in ids}
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest, ignore=ignore)
