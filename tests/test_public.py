@@ -233,6 +233,17 @@ def test_a_level4_only_handout_carries_kata_06s_paged_cache_and_says_so(tmp_path
     assert "Katas 11 and 13 build on" in note and "copy of kata 06's reference" in note
     with_06 = handouts.katas_for(4)
     assert not handouts.paged_copy_needed(with_06) and "your own `katas/06/paged.py`" in handouts.paged_note(with_06)
+    own = tmp_path / "with06"
+    handouts._copy_grader(own / "grader", with_06)
+    (own / "katas" / "06").mkdir(parents=True)
+    shutil.copyfile(manifest.REPO_ROOT / manifest.get("06").stub, own / "katas" / "06" / "paged.py")
+    loads = run(own, "-c", "import grader.paged as p; print(p.source_file())")
+    assert loads.returncode == 0 and loads.stdout.strip() == str(own / "katas" / "06" / "paged.py"), loads.stderr
+    assert not (own / "grader" / handouts.PAGED_COPY).exists()
+    none = tmp_path / "level1"
+    handouts._copy_grader(none / "grader", handouts.katas_for(1))
+    fails = run(none, "-c", "import grader.paged")
+    assert fails.returncode == 1 and "ImportError: grader.paged: no paged cache to load" in fails.stderr, fails.stderr
     assert handouts.paged_note(handouts.katas_for(1)) == ""
 
 

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -30,11 +31,6 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
