@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -116,8 +117,13 @@ def bodies(source: str) -> dict[str, str]:
 
 def secret_bodies(katas) -> dict[str, str]:
     """The bodies of the katas' solutions and known mistakes that their stubs do not give away."""
+    return _secret_bodies(tuple(k.id for k in katas))
+
+
+@lru_cache(maxsize=None)
+def _secret_bodies(ids: tuple[str, ...]) -> dict[str, str]:
     found = {}
-    for k in katas:
+    for k in map(manifest.get, ids):
         reference = (manifest.REPO_ROOT / k.solution).read_text(encoding="utf-8")
         given = bodies((manifest.REPO_ROOT / k.stub).read_text(encoding="utf-8"))
         variants = [(reference, k.solution)] + [(m.apply(reference), f"mistake {m.name!r}") for m in mistakes.catalogue(k.id)]
@@ -128,9 +134,12 @@ def secret_bodies(katas) -> dict[str, str]:
     return found
 
 
-def leaked(folder: Path, katas) -> list[str]:
-    secret = secret_bodies(katas)
-    return [f"{path.relative_to(folder)}: {name} is {secret[dump]}" for path in folder.rglob("*.py")
+def leaked(folder: Path, katas, but=()) -> list[str]:
+    """Secret bodies of ``katas`` in ``folder``'s Python files, leaving out those ``but``'s hold too."""
+    allowed = secret_bodies(but)
+    secret = {dump: where for dump, where in secret_bodies(katas).items() if dump not in allowed}
+    files = [p for p in folder.rglob("*.py") if ".venv" not in p.relative_to(folder).parts]  # a student's venv
+    return [f"{path.relative_to(folder)}: {name} is {secret[dump]}" for path in files
             for dump, name in bodies(path.read_text(encoding="utf-8")).items() if dump in secret]
 
 
@@ -190,12 +199,54 @@ def test_the_handout_readme_prints_each_katas_catch_share(handout, records):
 
 
 def test_a_handout_holds_no_reference_code(handout, tmp_path):
+    """No body of any kata's solution or known mistake, and no checks module of a kata it does not
+    assign (nor the recorder, which needs them): in the level-1 handout and in the grader of the
+    largest one."""
     assert not (handout / "solutions").exists() and not (handout / "grader" / "mistakes").exists()
-    assert not leaked(handout, handouts.katas_for(1))
+    assert not (handout / "grader" / "classroom" / "tape.py").exists()
+    assert not leaked(handout, KATAS)
+    assert sorted(p.name for p in (handout / "grader" / "checks").glob("*.py")) == \
+        ["__init__.py", "common.py", "devices.py", "k01.py", "k02.py", "k03.py", "k04.py"]
+    assert sorted(p.name for p in (handout / "grader" / "checks" / "promises").iterdir()) == \
+        [f"k{k.id}.toml" for k in handouts.katas_for(1)]
     everything = handouts.katas_for(max(k.level for k in KATAS))  # the grader of the largest handout
     handouts._copy_grader(tmp_path / "grader", everything)
-    assert not leaked(tmp_path, everything)
+    assert not leaked(tmp_path, KATAS) and not (tmp_path / "grader" / handouts.PAGED_COPY).exists()
     assert leaked(manifest.REPO_ROOT / "solutions", everything), "the test must be able to fail"
+    in_paged = [line for line in leaked(manifest.PACKAGE_DIR, KATAS) if line.startswith("paged.py:")]
+    assert not in_paged, f"grader/paged.py loads kata 06's reference and holds no copy of it: {in_paged}"
+
+
+def test_a_level4_only_handout_carries_kata_06s_paged_cache_and_says_so(tmp_path):
+    """Katas 11 and 13 build on kata 06's cache: without kata 06, the handout gets a copy of its
+    reference (and nothing else of kata 06), which grader/paged.py loads; with it, the student's."""
+    level4 = handouts.katas_for(4, only=True)
+    folder = tmp_path / "level4"
+    handouts._copy_grader(folder / "grader", level4)
+    k06 = [manifest.get("06")]
+    assert not leaked(folder, [k for k in KATAS if k.id != "06"], but=k06)  # kata 10 shares a function with 06
+    found = leaked(folder, k06)
+    assert found and {line.split(":")[0] for line in found} == {f"grader/{handouts.PAGED_COPY}"}, found
+    assert "k08.py" in {p.name for p in (folder / "grader" / "checks").glob("*.py")}  # kata 11's checks use it
+    assert "paged_programs.py" not in {p.name for p in (folder / "grader" / "checks").glob("*.py")}
+    loads = run(folder, "-c", "import grader.paged as p, grader.checks.k11, grader.checks.k13; print(p.source_file())")
+    assert loads.returncode == 0 and loads.stdout.strip() == str(folder / "grader" / handouts.PAGED_COPY), loads.stderr
+    note = handouts.paged_note(level4)
+    assert "Katas 11 and 13 build on" in note and "copy of kata 06's reference" in note
+    with_06 = handouts.katas_for(4)
+    assert not handouts.paged_copy_needed(with_06) and "your own `katas/06/paged.py`" in handouts.paged_note(with_06)
+    own = tmp_path / "with06"
+    handouts._copy_grader(own / "grader", with_06)
+    (own / "katas" / "06").mkdir(parents=True)
+    shutil.copyfile(manifest.REPO_ROOT / manifest.get("06").stub, own / "katas" / "06" / "paged.py")
+    loads = run(own, "-c", "import grader.paged as p; print(p.source_file())")
+    assert loads.returncode == 0 and loads.stdout.strip() == str(own / "katas" / "06" / "paged.py"), loads.stderr
+    assert not (own / "grader" / handouts.PAGED_COPY).exists()
+    none = tmp_path / "level1"
+    handouts._copy_grader(none / "grader", handouts.katas_for(1))
+    fails = run(none, "-c", "import grader.paged")
+    assert fails.returncode == 1 and "ImportError: grader.paged: no paged cache to load" in fails.stderr, fails.stderr
+    assert handouts.paged_note(handouts.katas_for(1)) == ""
 
 
 def test_the_classroom_workflow_runs_the_public_checks(handout, tmp_path):

@@ -98,19 +98,22 @@ def build(level: int, out: str, only: bool = False, visibility: str = "visible",
 def _copy_project(dest: Path, katas: list[manifest.Kata]) -> None:
     """The package with only these katas' checks, references and mistakes, and what installs it."""
     ids = {k.id for k in katas}
+    kept = {p.name for p in handouts.check_modules(ids)} | set(handouts.SHARED_CHECKS)
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         skip = {n for n in names if n in ("__pycache__", "pristine") or n.endswith(".pyc")}
-        if Path(folder).name in ("checks", "mistakes"):
-            skip |= {n for n in names if (m := handouts.KATA_FILE.fullmatch(n)) and m.group(1) not in ids}
+        if Path(folder).name == "checks":
+            skip |= {n for n in names if n.endswith(".py") and n not in kept}
+        if Path(folder).name == "mistakes":
+            skip |= {n for n in names if n.startswith("k") and n.endswith(".py") and n[1:-3] not in ids}
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest / "grader", ignore=ignore)
     (dest / "grader" / "manifest.toml").write_text(handouts.manifest_text(ids), encoding="utf-8")
-    for k in katas:
-        for relative in (k.solution, k.stub, k.readme):
-            (dest / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(manifest.REPO_ROOT / relative, dest / relative)
+    shared = [manifest.get("06").solution] if handouts.paged_copy_needed(katas) else []  # grader/paged.py loads it
+    for relative in shared + [p for k in katas for p in (k.solution, k.stub, k.readme)]:
+        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(manifest.REPO_ROOT / relative, dest / relative)
     shutil.copyfile(manifest.REPO_ROOT / "pyproject.toml", dest / "pyproject.toml")
     shutil.copyfile(manifest.REPO_ROOT / "README.md", dest / "README.md")
 

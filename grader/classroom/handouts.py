@@ -1,6 +1,7 @@
 """``kvkata assign``: a handout of a level's katas — stubs, READMEs, notebooks, the grader without
-solutions, mistakes or the checks of other katas, each kata's public record (grader.public_record.tape)
-so its checks run there, and a GitHub Classroom workflow that runs them on every push."""
+solutions, mistakes, the recorder or the checks of other katas, each kata's public record
+(grader.public_record.tape) so its checks run there, and a GitHub Classroom workflow that runs them on
+every push. Kata 06's paged cache comes along only as a copy for level-4 katas without kata 06."""
 from __future__ import annotations
 
 import re
@@ -27,10 +28,14 @@ kvkata            # the board: every kata of this handout
 kvkata hint {first}    # a hint, one step at a time
 ```
 
+No CUDA GPU? Run `pip install torch --index-url https://download.pytorch.org/whl/cpu` before
+`pip install -e .`: the CPU build of PyTorch, under 1 GB instead of the 5 GB of the CUDA build that
+pip resolves on Linux.
+
 ## Work
 
 Open `katas/NN/README.md` and fill in the file next to it (`katas/NN/<file>.py`).{notebooks}
-`kvkata reset NN` puts a kata's untouched file back (your version is saved first).
+{paged}`kvkata reset NN` puts a kata's untouched file back (your version is saved first).
 
 ## Check your work here
 
@@ -87,28 +92,18 @@ jobs:
 """
 
 
-PAGED_SHIM = '''"""The paged KV cache that katas 11 and 13 build on. In the full repository this module is a
-reference implementation of kata 06; this handout assigns kata 06, so here it is yours:
-``katas/06/paged.py``, loaded from the handout's folder. Finish kata 06 before katas 11 and 13."""
-from __future__ import annotations
+PAGED_NOTE = """
+{users} build on kata 06's paged cache, which this handout does not assign: `grader/paged.py`
+gives them a copy of kata 06's reference solution (`grader/paged_reference.py`), so that they run
+here. Kata 06 itself is not graded here.
 
-import importlib.util
-import sys
-from pathlib import Path
+"""
 
-_FILE = Path(__file__).resolve().parent.parent / "katas" / "06" / "paged.py"
-_spec = importlib.util.spec_from_file_location("kvkata_handout_paged", _FILE)
-_module = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _module
-_spec.loader.exec_module(_module)
+OWN_PAGED_NOTE = """
+{users} build on kata 06's paged cache: `grader/paged.py` loads your own `katas/06/paged.py`,
+so finish kata 06 first.
 
-BlockAllocator = _module.BlockAllocator
-OutOfBlocksError = _module.OutOfBlocksError
-PagedKVCache = _module.PagedKVCache
-'''
-
-
-KATA_FILE = re.compile(r"k(\d+)(?:_\w+)?\.py")  # kata NN's checks or mistakes (kNN.py), or a helper of them (kNN_<what>.py)
+"""
 
 
 def katas_for(level: int, only: bool = False) -> list[manifest.Kata]:
@@ -134,22 +129,67 @@ def manifest_text(ids: set[str]) -> str:
     return head + "".join(keep)
 
 
+def uses_paged(kata: manifest.Kata) -> bool:
+    """Whether the kata builds on the shared paged cache: its stub or its checks import grader.paged."""
+    texts = [(manifest.REPO_ROOT / kata.stub).read_text(encoding="utf-8")]
+    texts += [path.read_text(encoding="utf-8") for path in check_modules({kata.id})]
+    return any(re.search(r"\bgrader\.paged\b|from grader import [^\n]*\bpaged\b", t) for t in texts)
+
+
+def check_modules(ids: set[str]) -> list[Path]:
+    """The checks' modules these katas' checks run: ``kNN.py`` and every module of ``grader/checks``
+    they import, directly or not (kata 11's checks use parts of kata 08's, for instance)."""
+    folder = manifest.PACKAGE_DIR / "checks"
+    chosen, todo = [], [folder / f"k{i}.py" for i in sorted(ids)]
+    while todo:
+        path = todo.pop(0)
+        if path in chosen or not path.is_file():
+            continue
+        chosen.append(path)
+        text = path.read_text(encoding="utf-8")
+        names = re.findall(r"\bgrader\.checks\.(\w+)", text)
+        names += [n.strip() for group in re.findall(r"from grader\.checks import ([\w, ]+)", text) for n in group.split(",")]
+        todo += [folder / f"{n}.py" for n in names]
+    return chosen
+
+
+PAGED_COPY = "paged_reference.py"  # where grader/paged.py looks for a copy (its COPY)
+SHARED_CHECKS = ("__init__.py",)  # with checks/support/, which every kata's checks use
+NOT_IN_A_HANDOUT = ("__pycache__", "pristine", "public", "mistakes", "tape.py")  # tape: the recorder
+
+
 def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
     ids = {k.id for k in katas}
+    kept = {p.name for p in check_modules(ids)} | set(SHARED_CHECKS)
+    checks_dir = manifest.PACKAGE_DIR / "checks"
 
     def ignore(folder: str, names: list[str]) -> set[str]:
-        skip = {n for n in names if n in ("__pycache__", "pristine", "public", "mistakes") or n.endswith(".pyc")}
-        if Path(folder).name == "checks":
-            skip |= {n for n in names if (m := KATA_FILE.fullmatch(n)) and m.group(1) not in ids}
+        skip = {n for n in names if n in NOT_IN_A_HANDOUT or n.endswith(".pyc")}
+        if Path(folder) == checks_dir:
+            skip |= {n for n in names if n.endswith(".py") and n not in kept}
+        if Path(folder) == checks_dir / "promises":  # the promise tables of its own katas only
+            skip |= {n for n in names if n.endswith(".toml") and n[1:-5] not in ids}
         return skip
 
     shutil.copytree(manifest.PACKAGE_DIR, dest, ignore=ignore)
     (dest / "manifest.toml").write_text(manifest_text(ids), encoding="utf-8")
-    if "06" in ids:  # grader/paged.py is kata 06's reference: here the later katas build on the student's own
-        (dest / "paged.py").write_text(PAGED_SHIM, encoding="utf-8")
+    if paged_copy_needed(katas):  # kata 06's reference, for katas that build on it without kata 06
+        shutil.copyfile(manifest.REPO_ROOT / manifest.get("06").solution, dest / PAGED_COPY)
     for k in katas:
         stub, _ = pristine_stub(k)
         state.write_atomic(dest / "pristine" / k.id / k.file, stub.encode("utf-8"))
+
+
+def paged_copy_needed(katas: list[manifest.Kata]) -> bool:
+    return "06" not in {k.id for k in katas} and any(uses_paged(k) for k in katas)
+
+
+def paged_note(katas: list[manifest.Kata]) -> str:
+    users = [k.id for k in katas if k.id != "06" and uses_paged(k)]
+    if not users:
+        return ""
+    note = PAGED_NOTE if paged_copy_needed(katas) else OWN_PAGED_NOTE
+    return note.format(users=f"Kata {users[0]}" if len(users) == 1 else f"Katas {', '.join(users[:-1])} and {users[-1]}")
 
 
 def _pyproject() -> str:
@@ -206,7 +246,9 @@ def assign(level: int, out: str | None, only: bool = False, force: bool = False,
             + (f"; notebooks: {', '.join(notebooks)}" if notebooks else "; no notebooks yet")
             + ("; a GitHub Classroom workflow" if ci else "")
             + "\nno solutions and no known-mistake catalogue are in it, only the public checks' recorded answers "
-            "(see its README); grade the submissions with `kvkata grade`")
+            "(see its README)" + ("; but a copy of kata 06's reference paged cache, which its katas build on"
+                                   if paged_copy_needed(katas) else "")
+            + "; grade the submissions with `kvkata grade`")
 
 
 def _fill(build: Path, katas: list[manifest.Kata], level: int, ci: bool, say) -> list[str]:
@@ -231,7 +273,7 @@ def _fill(build: Path, katas: list[manifest.Kata], level: int, ci: bool, say) ->
                       for k in katas)
     hint = "\nNotebooks, one a kata, are in `notebooks/`; their check cell runs the same public checks." if notebooks else ""
     text = STUDENT_README.format(level=level, table=table, notebooks=hint, first=katas[0].id,
-                                 shares="\n".join(_share_line(k, shares[k.id]) for k in katas),
+                                 shares="\n".join(_share_line(k, shares[k.id]) for k in katas), paged=paged_note(katas),
                                  ci=CI_NOTE if ci else "")
     (build / "README.md").write_text(text, encoding="utf-8")
     return notebooks

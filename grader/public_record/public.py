@@ -20,7 +20,7 @@ import torch
 
 from grader import manifest
 from grader.engine.plain import exception_class, rebuild_exception
-from grader.public_record.tape import PUBLIC_SEED, entry_key, fingerprint
+from grader.public_record.tape_keys import PUBLIC_SEED, entry_key, fingerprint
 from grader.engine.core import UNSET, Ctx, Failure, GraderBug, Unrecorded, _site, run_body
 from grader.engine.targets import Target
 

@@ -13,7 +13,9 @@ grading), and writes down (``record``):
   and what the mistake's code produced), so a handout names mistakes without their code.
 
 Everything is plain data (grader.engine.plain), saved with ``torch.save`` and read back with
-``weights_only=True``. A handout replays it with grader.public_record.public.
+``weights_only=True``. A handout replays it with grader.public_record.public, which shares only
+grader.public_record.tape_keys with this module: the recorder needs the references and the known
+mistakes, which a handout does not have.
 """
 from __future__ import annotations
 
@@ -23,46 +25,16 @@ from pathlib import Path
 
 import torch
 
-from grader import checks, manifest
+from grader import checks, manifest, mistakes
 from grader.engine import diagnosis, targets
 from grader.engine import plain as plain_io
 from grader.engine import report
 from grader.engine.plain import NotPlain, describe_exception, observation, opaque, plain
+from grader.public_record.tape_keys import PUBLIC_SEED, VERSION, entry_key, fingerprint
 from grader.engine import Ctx, GraderBug, run_check
 from grader.runtime import single_thread
 
-PUBLIC_SEED = 8191  # never the grading seed: tuning to the public inputs does not pass grading
-VERSION = 1
 RECORD_SECONDS = 10.0  # one body of a known mistake on one input (diagnosis allows the same)
-
-
-def entry_key(check: str, number: int, example) -> str:
-    """One body run: the check, its ``forall``/``case`` call (counting from 1) and the input."""
-    return f"{check}/{number}:{example!r}"
-
-
-def fingerprint(value, depth: int = 0):
-    """What must be the same for a recorded answer to hold: exact integers, strings and shapes.
-    Floating-point values are left out (they may differ in the last bits between machines)."""
-    if depth > 16:
-        return "deep"
-    if value is None or type(value) in (bool, int, str):
-        return value
-    if type(value) is float:
-        return "float"
-    if isinstance(value, torch.Tensor):
-        exact = not value.is_floating_point() and not value.is_complex() and value.numel() <= 256
-        return ["tensor", list(value.shape), str(value.dtype)] + ([value.tolist()] if exact else [])
-    if isinstance(value, (list, tuple)):
-        return [fingerprint(v, depth + 1) for v in value]
-    if isinstance(value, dict):
-        return {str(k): fingerprint(v, depth + 1) for k, v in value.items()}
-    handle = getattr(value, "_tape_handle", None)
-    if isinstance(handle, int):
-        return ["object", handle]
-    if isinstance(value, torch.dtype):
-        return str(value)
-    return type(value).__name__
 
 
 class Recorder(Ctx):
@@ -214,7 +186,7 @@ def record(kata_id: str, device="cpu", seed: int = PUBLIC_SEED, progress=None) -
 
 
 def _record(kata_id: str, device, seed: int, progress) -> dict:
-    from grader import mistakes  # here, not at the top: a handout (which replays records) has no grader/mistakes
+
 
     single_thread()
     kata = manifest.get(kata_id)
