@@ -203,10 +203,10 @@ def test_a_handout_holds_no_reference_code(handout, tmp_path):
     assign (nor the recorder, which needs them): in the level-1 handout and in the grader of the
     largest one."""
     assert not (handout / "solutions").exists() and not (handout / "grader" / "mistakes").exists()
-    assert not (handout / "grader" / "classroom" / "tape.py").exists()
+    assert not (handout / "grader" / "public_record" / "tape.py").exists()
     assert not leaked(handout, KATAS)
     assert sorted(p.name for p in (handout / "grader" / "checks").glob("*.py")) == \
-        ["__init__.py", "common.py", "devices.py", "k01.py", "k02.py", "k03.py", "k04.py"]
+        ["__init__.py", "k01.py", "k02.py", "k03.py", "k04.py"]
     assert sorted(p.name for p in (handout / "grader" / "checks" / "promises").iterdir()) == \
         [f"k{k.id}.toml" for k in handouts.katas_for(1)]
     everything = handouts.katas_for(max(k.level for k in KATAS))  # the grader of the largest handout
@@ -227,8 +227,8 @@ def test_a_level4_only_handout_carries_kata_06s_paged_cache_and_says_so(tmp_path
     assert not leaked(folder, [k for k in KATAS if k.id != "06"], but=k06)  # kata 10 shares a function with 06
     found = leaked(folder, k06)
     assert found and {line.split(":")[0] for line in found} == {f"grader/{handouts.PAGED_COPY}"}, found
-    assert "k08.py" in {p.name for p in (folder / "grader" / "checks").glob("*.py")}  # kata 11's checks use it
-    assert "paged_programs.py" not in {p.name for p in (folder / "grader" / "checks").glob("*.py")}
+    shipped = {p.name for p in (folder / "grader" / "checks").glob("*.py")}
+    assert "k08.py" not in shipped and "k06_programs.py" not in shipped  # the shared harness is in checks/support
     loads = run(folder, "-c", "import grader.paged as p, grader.checks.k11, grader.checks.k13; print(p.source_file())")
     assert loads.returncode == 0 and loads.stdout.strip() == str(folder / "grader" / handouts.PAGED_COPY), loads.stderr
     note = handouts.paged_note(level4)
