@@ -91,8 +91,10 @@ class _Stream:
     once the prompt has gone in, each one-token input is the token the loop has just chosen."""
 
     def __init__(self, tokenizer, prompt: list[int], show_prompt: bool):
-        self.tokenizer, self.prompt, self.fed, self.new, self.shown = tokenizer, prompt, 0, [], ""
-        print(tokenizer.decode(prompt) if show_prompt else "", end="", flush=True)
+        self.tokenizer, self.prompt, self.fed, self.new = tokenizer, prompt, 0, []
+        self.base = prompt if show_prompt else []  # a continued text shows its prompt; a chat only the reply
+        self.shown = tokenizer.decode(self.base)
+        print(self.shown, end="", flush=True)
 
     def hook(self, module, args, kwargs):
         ids = args[0] if args else kwargs.get("input_ids")
@@ -103,13 +105,13 @@ class _Stream:
 
     def show(self, new: list[int]) -> None:
         self.new = new
-        text = self.tokenizer.decode(new)
+        text = self.tokenizer.decode(self.base + new)
         if text.endswith("\ufffd"):  # half a character: wait for the rest of its bytes
             return
         if text.startswith(self.shown):
             print(text[len(self.shown):], end="", flush=True)
         else:  # the loop returned other tokens than it fed back: print the whole reply again
-            print("\n" + text, end="", flush=True)
+            print("\n" + text[len(self.tokenizer.decode(self.base)):], end="", flush=True)
         self.shown = text
 
 
