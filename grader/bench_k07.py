@@ -119,7 +119,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-class _Say:
+class PrintProgress:
     total = done = 0
 
     def step(self, label: str, result: str) -> None:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        rows = bench_streaming(torch.device("cpu"), _Say(), args.tokens, args.sinks, args.window, args.cache)
+        rows = bench_streaming(torch.device("cpu"), PrintProgress(), args.tokens, args.sinks, args.window, args.cache)
         if args.json:
             args.json.write_text(json.dumps(rows) + "\n", encoding="utf-8")
     except (OSError, ValueError, ImportError, targets.TargetLoadError, NotImplementedError) as exc:

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        result = bench_real(torch.device("cpu"), bench_k07._Say(), args.tokens, args.cache)
+        result = bench_real(torch.device("cpu"), bench_k07.PrintProgress(), args.tokens, args.cache)
         if args.json:
             args.json.write_text(json.dumps(result) + "\n", encoding="utf-8")
     except (OSError, ValueError, ImportError, targets.TargetLoadError, NotImplementedError) as exc:

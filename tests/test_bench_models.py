@@ -74,3 +74,16 @@ def test_the_saved_measurements_are_drawn(name):
     fig = getattr(pictures_models, name)()
     assert fig.axes and all(ax.has_data() for ax in fig.axes)
     matplotlib.pyplot.close(fig)
+
+
+def test_an_early_exit_draft_shares_the_targets_weights_and_keeps_its_tokens(tiny):
+    from grader import bench_k12
+
+    draft = bench_k12.early_exit_draft(tiny, 1)
+    assert len(draft.model.layers) == 1
+    assert draft.model.layers[0].self_attn.q_proj.weight is tiny.model.layers[0].self_attn.q_proj.weight
+    assert draft.lm_head.weight is tiny.lm_head.weight
+    ns = targets.reference(manifest.get("12")).namespace
+    plain = targets.reference(manifest.get("08")).namespace["generate"](tiny, [IDS[:8]], 12)[0]
+    tokens, _ = ns["speculative_generate"](tiny, draft, IDS[:8], 12, 3)
+    assert tokens == plain
