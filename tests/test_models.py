@@ -175,3 +175,15 @@ def test_generate_streams_a_chat_reply_and_compares_with_the_reference(smollm2, 
         smollm2.model, [smollm2.chat("What is a KV cache?")], 8, eos_token_id=smollm2.special["eos_token_id"])[0]
     assert done.stdout.strip() == smollm2.tokenizer.decode(expected).strip()
     assert "tokens/s" in done.stderr and "gives the same" in done.stderr
+
+
+def test_kata_04_and_10_numbers_on_smollm2(smollm2):
+    from grader import bench_smollm2
+    from grader.bench_k07 import PrintProgress
+
+    row = bench_smollm2.bench_memory(smollm2, PrintProgress(), seq_len=256)
+    assert row["formula_bytes"] == row["allocated_bytes"] == 256 * 30 * 2 * 3 * 64 * 2  # layers · K,V · heads · D · fp16
+    system = len(smollm2.chat("x")) - len(smollm2.tokenizer.encode("x<|im_end|>\n<|im_start|>assistant\n").ids)
+    for r in bench_smollm2.bench_prefix(smollm2, PrintProgress()):
+        shared = (system // r["block_size"]) * r["block_size"]  # the system turn and "<|im_start|>user\n"
+        assert r["reused_tokens"] >= (r["requests"] - 1) * shared > 0
