@@ -52,7 +52,7 @@ def plot_streaming(path: Path = bench_k07.RESULTS, width: int = 128):
     right.bar(names, [r["ppl_after_eviction"] for r in rows], color=[colours.get(n) for n in names])
     for i, r in enumerate(rows):
         right.text(i, r["ppl_after_eviction"], f"{r['ppl_after_eviction']:.1f}", ha="center", va="bottom", fontsize=9)
-    right.set(yscale="log", ylabel="perplexity after the first eviction", title="The sinks keep it close to full")
+    right.set(yscale="log", ylabel="perplexity after the first eviction", title="After the first eviction")
     fig.tight_layout()
     return fig
 
