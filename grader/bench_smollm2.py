@@ -5,7 +5,9 @@ seconds rather than minutes.
    reference cache allocates for the same shape, and the context at which the cache outweighs
    the weights;
 2. prefix cache (kata 10) — chat requests rendered with SmolLM2's chat template, which opens every
-   conversation with the same system prompt: the share of prompt tokens a prefix cache reuses.
+   conversation with the same system prompt: the share of prompt tokens a prefix cache reuses;
+3. generate (``--generate``, needs transformers) — kata 08's reference loop against Hugging Face
+   ``generate()`` on the same converted weights, side by side in one run, greedy, same tokens.
 
     python -m grader.bench_smollm2
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 
 import torch
 
@@ -61,18 +65,61 @@ def bench_prefix(loaded, progress, block_sizes: tuple[int, ...] = (4, 16)) -> li
     return rows
 
 
+def _timed(run, repeats: int = 3):
+    result, times = run(), []  # one warm-up call
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result
+
+
+@torch.inference_mode()
+def bench_generate(loaded, progress, batches: tuple[int, ...] = (1, 4), new_tokens: int = 32) -> list[dict]:
+    import transformers  # optional: only this section needs it
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(loaded.folder, dtype=torch.float32).eval()
+    generate = _reference("08")["generate"]
+    rows = []
+    for batch in batches:
+        prompts = [loaded.chat(q) for q in QUESTIONS[:batch]]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ours_s, ours = _timed(lambda: generate(loaded.model, prompts, new_tokens))
+        hf_s, theirs = _timed(lambda: hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                                                  eos_token_id=None)[:, width:].tolist())
+        rows.append({"batch": batch, "new_tokens": new_tokens, "reference_tokens_per_s": batch * new_tokens / ours_s,
+                     "hf_tokens_per_s": batch * new_tokens / hf_s, "same_tokens": ours == theirs})
+        r = rows[-1]
+        progress.step(f"SmolLM2 generate batch {batch}", f"reference {r['reference_tokens_per_s']:.1f} tokens/s, "
+                      f"transformers {r['hf_tokens_per_s']:.1f} tokens/s "
+                      f"({r['reference_tokens_per_s'] / r['hf_tokens_per_s']:.2f}×), same tokens: {r['same_tokens']}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m grader.bench_smollm2", description=__doc__.splitlines()[0])
     p.add_argument("--seq-len", type=int, default=8192, help="context for the memory row (default 8192)")
+    p.add_argument("--generate", action="store_true", help="also time the reference loop against transformers")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for torch (1 is faster on a busy machine)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     try:
         loaded = models.load(models.SMOLLM2)
     except (OSError, ValueError, ImportError) as exc:
         print(f"bench_smollm2: error: {exc}", file=sys.stderr)
         return 2
     say = PrintProgress()
-    print(json.dumps({"memory": bench_memory(loaded, say, args.seq_len), "prefix_cache": bench_prefix(loaded, say)},
-                     indent=2))
+    result = {"memory": bench_memory(loaded, say, args.seq_len), "prefix_cache": bench_prefix(loaded, say)}
+    if args.generate:
+        try:
+            result["generate"] = bench_generate(loaded, say)
+        except ImportError:
+            print("--generate needs transformers: pip install transformers", file=sys.stderr)
+            return 2
+    print(json.dumps(result, indent=2))
     return 0
 
 
