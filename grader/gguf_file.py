@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # gguf needs numpy too: both come with the extra
+    raise ImportError("reading GGUF files needs numpy and gguf: pip install 'kv-cache-katas[models]'") from None
 
 # GGUF tensor names -> LlamaForCausalLM's; "{}" is the layer index.
 _NAMES = {

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from grader import gguf_file
 from grader.nn import Llama, LlamaConfig
 
 SMOLLM2 = "smollm2"
@@ -122,6 +121,8 @@ def _special(meta: dict) -> dict:
 # -- conversion and loading ---------------------------------------------------------------------
 def convert(path: Path, folder: Path) -> None:
     """Convert the GGUF file ``path`` into a safetensors folder (written aside, then moved in place)."""
+    from grader import gguf_file  # numpy and gguf: the [models] extra, needed only to convert
+
     reader = gguf_file.open_reader(path)
     config = gguf_file.config(reader)
     meta = gguf_file.tokenizer_metadata(reader)
