@@ -9,6 +9,7 @@
     kvkata interview / submit / quiz / history     timed interview practice (grader.sessions)
     kvkata assign / grade         handouts and isolated grading of a cohort (grader.classroom)
     kvkata autograder             a Gradescope autograder zip for a level (grader.classroom.autograder)
+    kvkata model / generate       a real model (SmolLM2) and your kata 08 loop on it (grader.models)
 
 Errors in how it is called print one line and exit with 2, never a traceback.
 """

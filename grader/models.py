@@ -206,9 +206,8 @@ def describe(prepare: bool = True) -> list[str]:
             lines.append(f"  {c.num_hidden_layers} layers, {c.num_attention_heads} query heads, "
                          f"{c.num_key_value_heads} KV heads, head_dim {c.head_dim}, vocab {c.vocab_size}")
             lines.append(f"  try: kvkata generate --model {SMOLLM2} --prompt 'What is a KV cache?' --loop solution")
-    held = sorted(p.name for p in cache_dir().glob("*/config.json")) if cache_dir().is_dir() else []
-    lines.append("converted: " + (", ".join(p.parent.name for p in sorted(cache_dir().glob("*/config.json")))
-                                  if held else "nothing yet"))
+    held = sorted(p.parent.name for p in cache_dir().glob("*/config.json")) if cache_dir().is_dir() else []
+    lines.append("converted: " + (", ".join(held) if held else "nothing yet"))
     return lines
 
 
