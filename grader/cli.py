@@ -9,6 +9,7 @@
     kvkata interview / submit / quiz / history     timed interview practice (grader.learner.sessions)
     kvkata assign / grade         handouts and isolated grading of a cohort (grader.classroom)
     kvkata autograder             a Gradescope autograder zip for a level (grader.classroom.autograder)
+    kvkata model / generate       a real model (SmolLM2) and your kata 08 loop on it (grader.models)
 
 Errors in how it is called print one line and exit with 2, never a traceback.
 """
@@ -26,7 +27,7 @@ from grader.learner import sessions, watch
 from grader.errors import UsageError
 
 DELEGATED = {"bench": "grader.bench.suite", "notebooks": "grader.learner.notebooks",  # subcommands with their own parser
-             "generate": "grader.learner.playground"}
+             "generate": "grader.learner.playground", "model": "grader.models"}
 
 
 # -- the board ------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def _classroom_commands(command) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvkata", description="KV-cache katas: the board, hints, interview practice "
-                                "and classroom grading.", epilog="Also: kvkata bench, kvkata notebooks, kvkata generate (see --help of each).")
+                                "and classroom grading.", epilog="Also: kvkata bench, kvkata notebooks, kvkata generate, kvkata model (see --help of each).")
     p.set_defaults(run=cmd_board)
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 

@@ -50,6 +50,7 @@ def test_notebook_layout(kata):
     tags = [c.metadata.get("tags", [None])[0] for c in nb.cells]
     assert tags.count("check") == 1
     assert tags.count("picture") == (1 if notebooks.picture_for(kata) else 0)
+    assert tags.count("measured") == (1 if kata.id in notebooks.MEASURED else 0)
     stub_code = "\n".join(c.source for c in nb.cells if "stub" in c.metadata.get("tags", []))
     assert _squash(stub_code) == _squash((ROOT / kata.stub).read_text()), "stub cells lost or changed code"
     readme = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
@@ -187,5 +188,5 @@ def test_notebook_runs_untouched_and_solved(kata, executed):
     saved = board.get(kata.id, {})  # the check cell updates the board, as `kvkata check` does
     assert (saved.get("target"), saved.get("passed"), saved.get("total")) == ("notebook", total, total), saved
     for cell in nb.cells:
-        if "picture" in cell.metadata.get("tags", []):
+        if {"picture", "measured"} & set(cell.metadata.get("tags", [])):
             assert any("image/png" in o.get("data", {}) for o in cell.outputs), f"no picture from {cell.source!r}"

@@ -6,14 +6,23 @@ on almost every token: the *close* draft, as good as drafts get. The *perturbed*
 draft with noise on its weights, the *random* draft a fresh 2-layer model. The costs are real
 (a 2-layer against a 6-layer forward); the three drafts set the acceptance rate. Plain decoding
 is kata 08's cached loop at batch 1. Everything runs the reference solutions.
+
+On a real model (``python -m grader.bench.k12``, or ``kvkata bench --real-model``): self-speculation
+as LayerSkip does it, SmolLM2-135M-Instruct's first few layers with its final norm and LM head as the
+draft, on a chat reply; acceptance, target forwards per token, and whether the tokens equal greedy's.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import statistics
+import sys
 import time
 
 import torch
 
+from grader import models
+from grader.bench.k07 import PrintProgress
 from grader.bench.shared import reference
 from grader.nn import Llama, LlamaConfig
 
@@ -89,3 +98,66 @@ def lines(rows: list[dict]) -> list[str]:
     return [f"speculative k={r['k']} {r['draft']} draft / plain greedy tokens/s: {r['tokens_per_s'] / plain:.2f} "
             f"(acceptance {r['acceptance']:.2f}, {r['target_forwards_per_token']:.2f} target forwards per token)"
             for r in rows if r["decoder"] == "speculative"]
+
+
+# -- a real model drafting for itself ---------------------------------------------------------
+def early_exit_draft(model: Llama, layers: int) -> Llama:
+    """A draft sharing ``model``'s weights: its embedding, first ``layers`` layers, final norm and head."""
+    config = dataclasses.replace(model.config, num_hidden_layers=layers)
+    with torch.device("meta"):  # shapes only: every module is replaced by the target's own below
+        draft = Llama(config)
+    draft.model["embed_tokens"], draft.model["norm"] = model.model.embed_tokens, model.model.norm
+    draft.model["layers"] = torch.nn.ModuleList(model.model.layers[:layers])
+    draft.lm_head = model.lm_head
+    return draft.eval()
+
+
+def bench_self_speculation(device, progress, layers: tuple[int, ...] = (4, 10, 20), new_tokens: int = 48,
+                           k: int = 4, question: str = "Explain in a few sentences what a KV cache is.") -> list[dict]:
+    loaded = models.load(models.SMOLLM2, device=device)
+    generate, speculate = reference("08")["generate"], reference("12")["speculative_generate"]
+    prompt, eos = loaded.chat(question), loaded.special.get("eos_token_id")
+    started = time.perf_counter()
+    plain = generate(loaded.model, [prompt], new_tokens, eos_token_id=eos)[0]
+    rows = [{"draft_layers": None, "tokens": len(plain), "seconds": time.perf_counter() - started}]
+    progress.step("self-speculation plain greedy", f"{len(plain)} tokens in {rows[0]['seconds']:.1f} s")
+    for n in layers:
+        started = time.perf_counter()
+        tokens, stats = speculate(loaded.model, early_exit_draft(loaded.model, n), prompt, new_tokens, k,
+                                  eos_token_id=eos)
+        rows.append({"draft_layers": n, "k": k, "tokens": len(tokens), "seconds": time.perf_counter() - started,
+                     "acceptance": stats["accepted"] / max(stats["proposed"], 1),
+                     "target_forwards_per_token": stats["target_forwards"] / max(len(tokens), 1),
+                     "same_tokens": tokens == plain})
+        r = rows[-1]
+        progress.step(f"self-speculation draft = first {n} of {loaded.model.config.num_hidden_layers} layers",
+                      f"acceptance {r['acceptance']:.2f}, {r['target_forwards_per_token']:.2f} target forwards/token, "
+                      f"{r['seconds']:.1f} s, same tokens as greedy: {r['same_tokens']}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grader.bench.k12", description="Self-speculation on SmolLM2.")
+    p.add_argument("--layers", type=int, nargs="+", default=[4, 10, 20], help="draft depths to try")
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for torch (1 is faster on a busy machine)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        rows = bench_self_speculation(torch.device("cpu"), PrintProgress(), tuple(args.layers), args.new_tokens)
+    except (OSError, ValueError, ImportError) as exc:
+        print(f"bench_k12: error: {exc}", file=sys.stderr)
+        return 2
+    print("| draft layers | acceptance | target forwards / token | seconds | same tokens as greedy |")
+    print("|---:|---:|---:|---:|---|")
+    for r in rows:
+        if r["draft_layers"] is None:
+            print(f"| (plain greedy) | | 1.00 | {r['seconds']:.1f} | |")
+        else:
+            print(f"| {r['draft_layers']} | {r['acceptance']:.2f} | {r['target_forwards_per_token']:.2f} | "
+                  f"{r['seconds']:.1f} | {r['same_tokens']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

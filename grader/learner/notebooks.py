@@ -109,6 +109,23 @@ solution, not with your code."""),
 }
 
 
+# Measurements on a real model (SmolLM2), drawn from the results its bench saved (grader.learner.pictures_models).
+MEASURED = {
+    "07": ("plot_streaming", """\
+**Measured: sinks on a real model.** SmolLM2-135M-Instruct reads the katas' own READMEs token by token
+through kata 07's cache: every token kept (full), only the last 64 (window), or 4 sinks + the last 60
+(sinks). Left: perplexity along the text; right: over the tokens after the first eviction. Saved by
+`python -m grader.bench.k07 --json grader/results/k07_streaming.json`; run it with `--cache stub` to
+measure with your own `SinkKVCache`."""),
+    "09": ("plot_kivi", """\
+**Measured: KIVI on a real model.** Keys and values SmolLM2-135M-Instruct caches while reading the
+katas' READMEs. Left: the mean magnitude of each channel in the layer with the strongest key outliers;
+right: the relative error of quantizing keys and values in groups of 32 tokens along each axis. Saved by
+`python -m grader.bench.k09 --json grader/results/k09_kivi.json` (which also prints the perplexity
+at each bit width; `--cache stub` uses your own `QuantizedKVCache`)."""),
+}
+
+
 # -- splitting the sources ------------------------------------------------------------------
 def markdown_sections(text: str) -> list[str]:
     """Split markdown at its headings (never inside a fenced code block)."""
@@ -204,6 +221,10 @@ def build(kata: manifest.Kata, solution: bool = False) -> nbformat.NotebookNode:
             picture = None
     if picture:
         cells += _picture_cells(picture)
+    if kata.id in MEASURED:
+        function, caption = MEASURED[kata.id]
+        code = f"from grader.learner.pictures_models import {function}\n\n{function}();"
+        cells += [("markdown", caption, ""), ("code", code, "measured")]
     cells.append(("markdown", YOUR_CODE.format(id=kata.id, file=kata.file), ""))
     chunks = code_chunks((root / kata.stub).read_text(encoding="utf-8"))
     if solution:
