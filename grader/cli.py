@@ -192,10 +192,11 @@ def cmd_assign(args) -> int:
 def cmd_grade(args) -> int:
     from grader.classroom import cohort, grading
 
-    if args.jobs < 1 or args.timeout <= 0 or (args.memory is not None and args.memory < 256):
-        raise UsageError("-j must be at least 1, --timeout positive and --memory at least 256 (MB)")
+    if args.jobs < 1 or args.timeout <= 0 or (args.memory is not None and args.memory < 256) or \
+            (args.check_timeout is not None and args.check_timeout <= 0):
+        raise UsageError("-j must be at least 1, --timeout and --check-timeout positive and --memory at least 256 (MB)")
     settings = cohort.Settings(device=args.device, seed=args.seed, timeout=args.timeout, memory_mb=args.memory,
-                               jobs=args.jobs)
+                               jobs=args.jobs, check_timeout=args.check_timeout)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     print(grading.grade(args.submissions, settings, args.level, args.only, args.report, args.json, args.junit, progress))
     return 0
@@ -274,6 +275,9 @@ def _classroom_commands(command) -> None:
     c.add_argument("--junit", metavar="FILE", help="JUnit XML, a test case per kata × check")
     c.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="workers at a time")
     c.add_argument("--timeout", type=float, default=60.0, help="seconds a submission × kata may run once the grader has started (default 60)")
+    c.add_argument("--check-timeout", type=float, default=None,
+                   help="seconds one check may run (default: a quarter of --timeout); a check that hangs fails alone, "
+                        "the checks that call the function that hung are not run, the others are")
     c.add_argument("--memory", type=int, default=4096,
                    help="MB the submission's code may allocate beyond the grader's own (default 4096; "
                    "on CUDA the device memory too)")

@@ -22,7 +22,7 @@ HINTS = "hints.json"
 BACKUPS = "backups"
 PRISTINE_DIR = manifest.PACKAGE_DIR / "pristine"
 GIT_DEPTH = 50  # commits of a stub's history searched for the untouched version
-MARKS = {"pass": "✓", "not-implemented": "·"}
+MARKS = {"pass": "✓", "not-implemented": "·", "not-run": "·"}
 
 
 def kata(kata_id: str) -> manifest.Kata:
@@ -48,7 +48,7 @@ def grade_file(k: manifest.Kata, spec: str, device: str = "cpu", seed: int = 0, 
     except ModuleNotFoundError:
         raise UsageError(f"kata {k.id} has no checks yet") from None
     try:
-        target = targets.resolve(k, spec)
+        target = grade.load(k, spec, timeout=timeout or grade.DEFAULT_TIMEOUT)
         device = str(grade.pick_device(device))
     except targets.TargetLoadError as exc:
         return [Result(c, "fail", report.LOAD_FAILED.format(reason=exc)) for c in kata_checks]
@@ -62,10 +62,14 @@ def result_lines(results, verbose: bool = True) -> list[str]:
     lines = []
     for r in results:
         lines.append(f"{MARKS.get(r.status, '✗')} {r.check.title}")
-        if verbose and r.status not in ("pass", "not-implemented"):
+        if verbose and r.status not in ("pass", "not-implemented", "not-run"):
             lines.extend("    " + line for line in r.message.splitlines())
         elif r.status == "not-implemented":
             lines[-1] += f" — {r.message}"
+        elif r.status == "not-run":
+            lines[-1] += " — not run"
+    reasons = dict.fromkeys(r.message for r in results if r.status == "not-run")
+    lines += [f"  (each check marked not run: {reason.removeprefix('not run: ')})" for reason in reasons]
     return lines
 
 

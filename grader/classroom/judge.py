@@ -20,7 +20,7 @@ NOT_RUN_TIME = "not run: the time limit of {seconds:g} s for this kata was reach
 NOT_RUN_DIED = "not run: the process running your code died before this check ({how})"
 NOT_STARTED = "the grader could not start, so the submission was not run (not the student's fault): {why}"
 MISSING_FILE = "no {file} in this submission"
-KNOWN = ("pass", "fail", "not-implemented", "timeout", "error")
+KNOWN = ("pass", "fail", "not-implemented", "timeout", "not-run", "error")
 
 
 @lru_cache(maxsize=None)
@@ -49,8 +49,8 @@ def judge_check(check, record: dict, settings, kata: manifest.Kata, others: dict
     ``others``: the records of the kata's other checks by check id, which naming a mistake may consult;
     ``memo``: the reference's outputs remembered across the cohort (grader.classroom.memo), or None."""
     status, message = record.get("status"), str(record.get("message", ""))
-    if status == "timeout":
-        return Result(check, "timeout", message)
+    if status in ("timeout", "not-run"):  # nothing to replay: the check, or the function it calls, hung
+        return Result(check, status, message)
     executions = record.get("executions")
     ctx = ReplayCtx(executions if isinstance(executions, dict) else {}, kata.stub, _reference(kata.id),
                     settings.device, settings.seed, memo)
@@ -121,8 +121,11 @@ def status_and_note(run, made: list[Result], tamper: list[str], load: dict | Non
         return "crash", f"the process {_how(run)} before finishing"
     if tamper:
         return "fail", "tampered with the grader: " + "; ".join(tamper)[:300]
-    if any(r.status == "timeout" for r in made):
-        return "timeout", "a check timed out"
+    hung = [r for r in made if r.status == "timeout"]
+    if hung:
+        not_run = sum(r.status == "not-run" for r in made)
+        return "timeout", (f"a check timed out ({hung[0].check.title})"
+                           + (f"; {not_run} check(s) that call the function that hung were not run" if not_run else ""))
     errors = sum(r.status == "error" for r in made)
     if errors:
         return "fail", f"the grader itself failed on {errors} check(s) (not the student's fault; please report it)"
