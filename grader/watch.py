@@ -12,19 +12,18 @@ drives, network folders), and it also compares the files every few seconds as a 
 """
 from __future__ import annotations
 
-import json
-import os
 import select
-import signal
 import time
 
-from grader import changes, learner, manifest
+from grader import changes, learner, live, manifest
 from grader.errors import UsageError
 
 CHECK_TIMEOUT = 10.0  # seconds one check may run in the watcher (a hang shows quickly)
+TICK = 0.2  # seconds between looks at the files while polling during a grading
+OVERDUE = "the check \"{check}\" ran past {seconds:g} s and could not be stopped from inside, so the grading was stopped"
 
 
-# -- grading in a forked child ----------------------------------------------------------------
+# -- warming up ------------------------------------------------------------------------------
 def warm_up(katas: list[manifest.Kata]) -> None:
     """Import what grading needs, once, before any child is forked (no torch op runs here, so
     no thread pool exists to break in the children)."""
@@ -40,88 +39,86 @@ def warm_up(katas: list[manifest.Kata]) -> None:
             grade.context(k, targets.reference(k), "cpu")  # the reference and the mistake catalogue
 
 
-def grade_forked(k: manifest.Kata, device: str, seed: int, timeout: float) -> tuple[list | None, str]:
-    """(results, "") from a child process, or (None, why) when the child hung, crashed or exited."""
-    from grader import grade
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: grade, send plain data, leave without running anyone's exit handlers
-        code = 0
-        try:
-            os.close(read_end)
-            results = learner.grade_file(k, "stub", device, seed, timeout)
-            payload = [[r.check.id, r.status, r.message, list(r.diagnoses), r.seconds] for r in results]
-            data = json.dumps(payload).encode()
-            while data:
-                data = data[os.write(write_end, data):]
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    deadline = time.monotonic() + timeout * (len(grade.checks_for(k.id)) + 1)
-    data, why = _read_all(read_end, deadline), ""
-    os.close(read_end)
-    if data is None:
-        os.kill(pid, signal.SIGKILL)
-        why = f"grading took longer than {timeout * (len(grade.checks_for(k.id)) + 1):g} s and was stopped"
-    _, status = os.waitpid(pid, 0)
-    if data:
-        try:
-            return _results(k, json.loads(data)), ""
-        except (ValueError, TypeError, KeyError):
-            why = "the grading process sent back something unreadable"
-    return None, why or f"your code ended the grading process ({_ended(status)})"
+_PRIMED: set[str] = set()
 
 
-def _read_all(fd: int, deadline: float) -> bytes | None:
-    """Everything until the writer closes, or None at the deadline."""
-    chunks = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+def prime(k: manifest.Kata) -> None:
+    """Run ``k``'s checks once here on the reference, and list the inputs a diagnosis draws, so that
+    every child forked later finds them done (a fork forgets what its children computed)."""
+    from grader import diagnosis, grade, targets
+    from grader.classroom import public
+    from grader.engine import run_check
 
-
-def _results(k: manifest.Kata, payload: list) -> list:
-    from grader import checks
-    from grader.engine import Result
-
-    by_id = {c.id: c for c in checks.for_kata(k.id).all}
-    return [Result(by_id[cid], status, message, diagnoses, seconds) for cid, status, message, diagnoses, seconds in payload]
-
-
-def _ended(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        try:
-            return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
-        except ValueError:
-            return f"killed by signal {os.WTERMSIG(status)}"
-    return f"exit code {os.WEXITSTATUS(status)}"
+    if k.id in _PRIMED or public.active(k.id) or not grade.gradable(k):
+        return
+    _PRIMED.add(k.id)
+    ctx, _ = grade.context(k, targets.reference(k), grade.pick_device("cpu"))
+    for check in grade.checks_for(k.id):
+        run_check(check, ctx, (), None)
+        for site in diagnosis.sites(check, ctx):
+            diagnosis.drawn(ctx, check, site)
 
 
 # -- what the learner sees --------------------------------------------------------------------
-def verdict(k: manifest.Kata, results: list | None, why: str, seconds: float) -> list[str]:
-    """The board line, then the first failing check with its message (and diagnosis)."""
-    from grader import grade
+class Verdict:
+    """Shows a grading's events as they come: the first failing check in full (then its diagnosis),
+    every further failing check in one line, the checks not run once, then the board line."""
 
-    stamp = time.strftime("%H:%M:%S")
-    if results is None:
-        return [f"[{stamp}] kata {k.id} · {k.title}: not graded — {why}"]
-    lines = [f"[{stamp}] {grade.summary(k, results)}  ({seconds:.2f} s)"]
-    failing = [r for r in results if not r.passed]
-    if failing:
-        lines += ["  " + line for line in learner.result_lines(failing[:1])]
-        if len(failing) > 1:
-            lines.append(f"  … and {len(failing) - 1} more failing check(s): kvkata check {k.id}")
-    return lines
+    def __init__(self, k: manifest.Kata, first: str | None, say):
+        from grader import checks
+
+        self.kata, self.first, self.say = k, first, say
+        self.by_id = {c.id: c for c in checks.for_kata(k.id).all}
+        self.results: dict[str, object] = {}
+        self.shown: str | None = None  # the failing check shown in full
+        self.grouped: dict[str, int] = {}  # one line, at the end, for the checks with the same message
+
+    def show(self, event: dict) -> None:
+        from grader.engine import Result
+
+        kind, check = event.get("event"), self.by_id.get(event.get("check"))
+        if kind not in ("result", "explained") or check is None:
+            return
+        r = Result(check, event["status"], event["message"], event["diagnoses"], event["seconds"])
+        before, self.results[check.id] = self.results.get(check.id), r
+        if kind == "explained":
+            extra = r.message[len(before.message):] if before is not None else r.message
+            self.say("\n".join("      " + line.strip() for line in extra.splitlines() if line.strip()))
+        elif r.status == "pass":
+            if check.id == self.first:
+                self.say(f"  ✓ {check.title} — passes now")
+        elif r.status in ("not-run", "not-implemented"):
+            self.grouped[r.message] = self.grouped.get(r.message, 0) + 1
+        elif self.shown is None:
+            self.shown = check.id
+            self.say("\n".join("  " + line for line in learner.result_lines([r])))
+        elif r.message == self.results[self.shown].message:  # a file that would not load, say
+            self.grouped[f"fail the same way: {r.message.splitlines()[0]}"] = self.grouped.get(
+                f"fail the same way: {r.message.splitlines()[0]}", 0) + 1
+        else:
+            self.say("  " + learner.result_lines([r], verbose=False)[0])
+
+    def finish(self, seconds: float) -> list:
+        """The board line; the results in the kata's order."""
+        from grader import grade
+
+        for reason, n in self.grouped.items():
+            self.say(f"  · {n} {'more ' if reason.startswith('fail the same') else ''}check(s) {reason}")
+        results = [self.results[c.id] for c in grade.checks_for(self.kata.id) if c.id in self.results]
+        self.say(f"[{time.strftime('%H:%M:%S')}] {grade.summary(self.kata, results)}  ({seconds:.2f} s)")
+        if sum(not r.passed and r.status != "not-run" for r in results) > 1:
+            self.say(f"  `kvkata check {self.kata.id}` shows every failing check's message")
+        return results
+
+
+def last_failed(k: manifest.Kata) -> str | None:
+    """The first check of ``k`` that did not pass in the latest results on the board."""
+    from grader.cli import _saved
+
+    saved = _saved().get(k.id, {}).get("checks")
+    if not isinstance(saved, dict):
+        return None
+    return next((cid for cid, entry in saved.items() if isinstance(entry, dict) and entry.get("status") != "pass"), None)
 
 
 def next_pending(katas: list[manifest.Kata], after: manifest.Kata | None = None) -> manifest.Kata | None:
@@ -149,37 +146,80 @@ def run(kata_id: str | None, poll: bool, interval: float, seed: int, timeout: fl
         raise UsageError("no kata can be graded here (no reference solutions, no public records): your instructor "
                          "grades your work")
     current = learner.kata(kata_id) if kata_id else (next_pending(katas) or katas[0])
-    device = "cpu"
     warm_up(katas)
     files = {manifest.REPO_ROOT / k.stub: k for k in katas}
     watcher = changes.Watcher(list(files), poll=poll, interval=interval)
     say(f"watching {len(files)} kata files ({watcher.mode}); now: kata {current.id}, edit {current.stub}. "
         "Ctrl-C to stop.")
+    session = Session(katas, files, watcher, seed, timeout, say)
     try:
         pending = [current]
         while True:
-            for k in pending:
-                current = _grade_and_show(k, katas, device, seed, timeout, say) or current
-            changed = watcher.wait()
-            pending = list(dict.fromkeys(files[path] for path in changed))
+            while pending:
+                k = pending.pop(0)
+                moved_on, newer = session.grade(k)
+                pending = list(dict.fromkeys(newer + pending))
+                current = moved_on or current
+            pending = list(dict.fromkeys(files[path] for path in watcher.wait()))
     except KeyboardInterrupt:
         say("\nstopped watching; `kvkata` shows the board.")
         return 0
     finally:
+        session.stop()
         watcher.close()
 
 
-def _grade_and_show(k, katas, device, seed, timeout, say) -> manifest.Kata | None:
-    """Grade ``k``, show the verdict, save it for the board; the kata to move on to when it passes."""
-    started = time.monotonic()
-    results, why = grade_forked(k, device, seed, timeout)
-    say("\n".join(verdict(k, results, why, time.monotonic() - started)))
-    if results is None:
-        return None
-    learner.save_results(k, results, device)
-    if all(r.passed for r in results):
-        following = next_pending(katas, k)
-        say(f"  kata {k.id} passes. " + (f"Next: kata {following.id} — {following.title}: edit {following.stub}"
-                                           if following else "Every kata passes."))
+class Session:
+    """The watcher's gradings, one at a time, each cancelled when a newer save arrives."""
+
+    def __init__(self, katas, files, watcher, seed: int, timeout: float, say):
+        self.katas, self.files, self.watcher = katas, files, watcher
+        self.seed, self.timeout, self.say = seed, timeout, say
+        self.first: dict[str, str | None] = {}  # kata id -> the check that failed last
+        self.live: live.Grading | None = None
+
+    def grade(self, k: manifest.Kata) -> tuple[manifest.Kata | None, list[manifest.Kata]]:
+        """Grade ``k`` and show it: (the kata to move on to when it passes, katas saved meanwhile)."""
+        self.say(f"grading kata {k.id}…")
+        prime(k)
+        first = self.first[k.id] if k.id in self.first else last_failed(k)
+        grading = self.live = live.Grading(k, self.seed, self.timeout, first)
+        verdict = Verdict(k, first, self.say)
+        while grading.ended is None:
+            notify = self.watcher.fileno()
+            select.select([grading.fd] + ([notify] if notify is not None else []), [], [], TICK)
+            for event in grading.events():
+                verdict.show(event)
+            newer = self.watcher.wait(0)
+            if newer:
+                grading.cancel()
+                self.say(f"  (saved again: this grading of kata {k.id} is cancelled)")
+                return None, list(dict.fromkeys(self.files[path] for path in newer))
+            if grading.overdue():
+                grading.cancel()
+                grading.ended = OVERDUE.format(check=verdict.by_id[grading.running].title, seconds=self.timeout)
+        self.live = None
+        return self._finish(k, grading, verdict), []
+
+    def _finish(self, k, grading, verdict) -> manifest.Kata | None:
+        seconds = time.monotonic() - grading.started
+        if grading.ended != "done":
+            why = grading.ended if grading.ended.startswith("the check") else \
+                f"your code ended the grading process ({grading.ended})"
+            self.say(f"[{time.strftime('%H:%M:%S')}] kata {k.id} · {k.title}: not graded — {why}")
+            return None
+        results = verdict.finish(seconds)
+        failing = [r for r in results if not r.passed]
+        if failing:
+            self.first[k.id] = verdict.shown or failing[0].check.id
+        learner.save_results(k, results, "cpu")
+        if failing:
+            return None
+        following = next_pending(self.katas, k)
+        self.say(f"  kata {k.id} passes. " + (f"Next: kata {following.id} — {following.title}: edit {following.stub}"
+                                               if following else "Every kata passes."))
         return following
-    return None
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.cancel()
