@@ -290,3 +290,22 @@ def test_fresh_workers_give_the_same_rows_as_warm_ones(graded):
     fresh = cohort.grade_all(jobs, cohort.Settings(jobs=2, timeout=10, memory_mb=2048, warm=False))
     assert [(r["status"], str(r["passed"]), r["diagnosis"]) for r in fresh] == \
         [(rows[n]["status"], rows[n]["passed"], rows[n]["diagnosis"]) for n in names]
+
+
+def test_a_looping_function_scores_the_checks_that_ran(tmp_path):
+    """A function that hangs costs one check's limit in a worker too: the row scores every check that
+    could run, as local grading does, instead of timing the whole kata out."""
+    from grader.classroom import cohort, grading
+
+    k04 = manifest.get("04")
+    line = "    # Why 2: each layer"  # inside kv_bytes_per_token, which most of kata 04's functions call
+    source = (manifest.REPO_ROOT / k04.solution).read_text().replace(line, "    while True:\n        pass\n" + line)
+    (tmp_path / "sub" / "katas" / "04").mkdir(parents=True)
+    (tmp_path / "sub" / k04.stub).write_text(source)
+    local = grade.grade("04", str(tmp_path / "sub" / k04.stub), timeout=2)
+    jobs = grading.jobs_for([str(tmp_path / "sub")], None, False)
+    row = cohort.grade_all(jobs, cohort.Settings(timeout=20, check_timeout=2))[0]
+    assert row["status"] == "timeout" and "not run" in row["note"], row["note"]
+    assert 0 < row["passed"] == sum(r.passed for r in local) < row["total"]
+    assert [c["status"] for c in row["checks"]] == [r.status for r in local]
+    assert sum(c["status"] == "timeout" for c in row["checks"]) == 1
