@@ -232,7 +232,8 @@ def _learner_commands(command) -> None:
     c.add_argument("--interval", type=float, default=0.5, help="seconds between polls (default 0.5)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--timeout", type=float, default=None,
-                   help="seconds one check may run (default 10; a hang is stopped, the watcher goes on)")
+                   help="seconds one check may run (default 10; the first check that hangs stops that grading, "
+                        "the watcher goes on)")
     c = command("hint", cmd_hint, "the next hint of a kata (counted in an open interview session)")
     c.add_argument("kata", nargs="?")
     c.add_argument("--all", action="store_true", help="every hint of the kata")

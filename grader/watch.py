@@ -1,14 +1,17 @@
 """``kvkata watch [NN]``: re-grade a kata each time its file is saved, in one warm process.
 
-The watcher imports torch, the grader, the checks, the references and the known mistakes once.
-Each grading runs in a child forked from it (warm, so a verdict comes back in a fraction of the
-time a fresh ``pytest katas/NN`` takes), which sends its results back through a pipe: a learner's
-file that hangs is killed at the time limit, one that crashes or exits ends only the child, and
-the watcher goes on. Results go to the board exactly as ``kvkata check`` saves them.
+The watcher imports torch, the grader, the checks, the references and the known mistakes once,
+and runs each kata's checks once on its reference (``prime``), so the children it forks find that
+work done. Each grading runs in such a child (grader.live), which streams its results back: the
+watcher says "grading kata NN…" at the save, shows the check that failed last first, each failing
+check as it is known and the board line at the end. A newer save cancels a grading in progress;
+a loop stops the grading at its first timeout; a file that crashes or exits ends only its child.
+Results go to the board exactly as ``kvkata check`` saves them.
 
-Saves are noticed through file-system notifications (inotify) where they work, else by polling.
-The watcher probes the notifications when it starts and polls by itself where none arrive (WSL
-drives, network folders), and it also compares the files every few seconds as a safety net.
+Saves are noticed through file-system notifications (inotify) where they work, else by polling
+(grader.changes). The watcher probes the notifications when it starts and polls by itself where
+none arrive (WSL drives, network folders), and it also compares the files every few seconds as a
+safety net.
 """
 from __future__ import annotations
 

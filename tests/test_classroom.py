@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import pathlib
 import subprocess
 import sys
 from xml.etree import ElementTree as ET
@@ -309,3 +310,29 @@ def test_a_looping_function_scores_the_checks_that_ran(tmp_path):
     assert 0 < row["passed"] == sum(r.passed for r in local) < row["total"]
     assert [c["status"] for c in row["checks"]] == [r.status for r in local]
     assert sum(c["status"] == "timeout" for c in row["checks"]) == 1
+
+
+@pytest.mark.parametrize("kata_id, names", [("01", ["new entries put before the old ones", "missing the 1/sqrt(head_dim) scale"]),
+                                            ("03", ["tiled repeat instead of interleave", "positions restart at 0 on each call"])])
+def test_cohort_feedback_is_the_local_feedback(tmp_path, kata_id, names):
+    """``kvkata grade`` shows the student the same shrunk failing input and the same diagnosis as
+    ``pytest katas/NN`` with the same seed."""
+    from grader.classroom import cohort, grading
+
+    kata = manifest.get(kata_id)
+    reference = (manifest.REPO_ROOT / kata.solution).read_text()
+    chosen = [m for m in mistakes.catalogue(kata_id) if m.name in names]
+    assert len(chosen) == len(names)
+    roots = []
+    for i, mistake in enumerate(chosen):
+        (tmp_path / f"s{i}" / "katas" / kata_id).mkdir(parents=True)
+        (tmp_path / f"s{i}" / kata.stub).write_text(mistake.apply(reference))
+        roots.append(str(tmp_path / f"s{i}"))
+    rows = cohort.grade_all(grading.jobs_for(roots, None, False), cohort.Settings(timeout=120, jobs=2))
+    for root, mistake, row in zip(roots, chosen, rows):
+        path = f"{root}/{kata.stub}"
+        local = grade.grade(kata_id, path)  # as pytest katas/NN grades it, seed 0
+        assert any(mistake.name in r.diagnoses for r in local)
+        for r, c in zip(local, row["checks"]):
+            assert (c["status"], c["diagnoses"]) == (r.status, r.diagnoses), (mistake.name, r.check.id)
+            assert c["message"] == r.message.replace(str(pathlib.Path(path).resolve()), kata.stub), (mistake.name, r.check.id)
