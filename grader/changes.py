@@ -5,7 +5,14 @@ those files. Content is compared, not timestamps, so an editor's several-step sa
 write, rename) gives one change once it has settled, and a save that changes nothing gives none.
 
 Notifications come from Linux's inotify (through ctypes, no dependency), watching the files'
-folders so that saves by rename are seen too. They are probed once at the start: where a probe
+folders so that saves by rename are seen too; a "closed after writing" or "renamed into place"
+event of a watched file ends the save at once, other events wait for a moment of quiet. Polling
+looks at the files' times and sizes every interval (cheap) and reads them only when those change.
+Neither watchfiles nor watchdog is used: every learner's, handout's and autograder's install would
+carry a dependency (watchfiles a compiled extension) for this one command, and neither removes the
+probe, the polling fallback (WSL and network drives deliver no events to any library) or the
+content comparison (editors save in several steps) that this module needs anyway; what they add,
+native events on macOS and Windows, polling at a fifth of a second nearly matches. They are probed once at the start: where a probe
 file's creation is not reported within a moment (some network and WSL drives), or where inotify
 is missing (macOS, Windows), the watcher polls. Even with notifications it compares the files
 every few seconds, a safety net for events that never come.
@@ -29,6 +36,14 @@ IN_CLOSE_WRITE, IN_MOVED_TO = 0x8, 0x80  # a file written and closed, or renamed
 EVENTS = IN_CLOSE_WRITE | IN_MOVED_TO | 0x100 | 0x200 | 0x40 | 0x2
 IN_NONBLOCK_CLOEXEC = os.O_NONBLOCK | os.O_CLOEXEC
 EVENT_HEAD = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
+
+
+def _stat(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def _content(path: Path) -> bytes | None:
@@ -100,13 +115,21 @@ class Watcher:
         self.files, self.interval = list(files), interval
         self.names = {path.name for path in self.files}
         self.seen = {path: _content(path) for path in self.files}
+        self.stats = {path: _stat(path) for path in self.files}
         folders = list(dict.fromkeys(path.parent for path in self.files if path.parent.is_dir()))
         self.notifier, why = (None, "--poll") if poll or not folders else notifications(folders)
         self.mode = why if self.notifier else f"polling every {interval:g} s: {why}"
         self.compare_at = time.monotonic() + self._every()
+        self.full_at = time.monotonic() + SAFETY_NET  # contents compared at least this often, whatever the stats say
 
     def _every(self) -> float:
         return SAFETY_NET if self.notifier is not None else self.interval
+
+    def _touched(self) -> bool:
+        """Polling: whether any file's time, size or inode changed since the last look (cheap: no reads)."""
+        now = {path: _stat(path) for path in self.files}
+        touched, self.stats = now != self.stats, now
+        return touched
 
     def fileno(self) -> int | None:
         """What to ``select`` on for notifications (then call ``wait(0)``); None when polling."""
@@ -117,6 +140,7 @@ class Watcher:
         found = [path for path in self.files if now[path] != self.seen[path] and now[path] is not None]
         self.seen = now
         self.compare_at = time.monotonic() + self._every()
+        self.full_at = time.monotonic() + SAFETY_NET
         return found
 
     def _settled(self, events: list[tuple[int, str]]) -> None:
@@ -129,8 +153,9 @@ class Watcher:
 
     def wait(self, timeout: float | None = None) -> list[Path]:
         """The files whose content changed: block until there are some, or at most ``timeout`` seconds
-        (then possibly none). Contents are compared after notifications, and every poll interval (or
-        every few seconds as a safety net) without them."""
+        (then possibly none). Contents are compared after notifications; when polling, whenever a
+        file's time, size or inode changed (looked at every interval); and every few seconds whatever
+        happened, as a safety net."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             now = time.monotonic()
@@ -142,7 +167,10 @@ class Watcher:
                     self._settled(events)
             elif step > 0:
                 time.sleep(step)
-            found = self.changed() if events or time.monotonic() >= self.compare_at else []
+            due = time.monotonic() >= self.compare_at
+            found = self.changed() if events or (due and self._touched()) or time.monotonic() >= self.full_at else []
+            if due and not found:
+                self.compare_at = time.monotonic() + self._every()
             if found or (deadline is not None and time.monotonic() >= deadline):
                 return found
 

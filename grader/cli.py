@@ -229,7 +229,7 @@ def _learner_commands(command) -> None:
     c = command("watch", cmd_watch, "re-grade a kata each time you save its file; moves on when it passes")
     c.add_argument("kata", nargs="?", help="kata id to start with (default: the first that does not pass)")
     c.add_argument("--poll", action="store_true", help="poll the files instead of using file notifications")
-    c.add_argument("--interval", type=float, default=0.5, help="seconds between polls (default 0.5)")
+    c.add_argument("--interval", type=float, default=0.2, help="seconds between polls (default 0.2)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--timeout", type=float, default=None,
                    help="seconds one check may run (default 10; the first check that hangs stops that grading, "

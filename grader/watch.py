@@ -28,8 +28,8 @@ OVERDUE = "the check \"{check}\" ran past {seconds:g} s and could not be stopped
 
 # -- warming up ------------------------------------------------------------------------------
 def warm_up(katas: list[manifest.Kata]) -> None:
-    """Import what grading needs, once, before any child is forked (no torch op runs here, so
-    no thread pool exists to break in the children)."""
+    """Import what grading needs, once, before any child is forked (torch runs on one thread here,
+    grade.single_thread, so no thread pool exists to break in the children)."""
     from grader import grade, targets
     from grader.classroom import public
 
@@ -96,8 +96,8 @@ class Verdict:
             self.shown = check.id
             self.say("\n".join("  " + line for line in learner.result_lines([r])))
         elif r.message == self.results[self.shown].message:  # a file that would not load, say
-            self.grouped[f"fail the same way: {r.message.splitlines()[0]}"] = self.grouped.get(
-                f"fail the same way: {r.message.splitlines()[0]}", 0) + 1
+            same = f"fail the same way: {r.message.splitlines()[0]}"
+            self.grouped[same] = self.grouped.get(same, 0) + 1
         else:
             self.say("  " + learner.result_lines([r], verbose=False)[0])
 
