@@ -277,7 +277,7 @@ def _classroom_commands(command) -> None:
     c.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="workers at a time")
     c.add_argument("--timeout", type=float, default=60.0, help="seconds a submission × kata may run once the grader has started (default 60)")
     c.add_argument("--check-timeout", type=float, default=None,
-                   help="seconds one check may run (default: a quarter of --timeout); a check that hangs fails alone, "
+                   help="seconds one check may run (default: half of --timeout); a check that hangs fails alone, "
                         "the checks that call the function that hung are not run, the others are")
     c.add_argument("--memory", type=int, default=4096,
                    help="MB the submission's code may allocate beyond the grader's own (default 4096; "

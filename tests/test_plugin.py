@@ -115,3 +115,17 @@ def test_a_looping_function_costs_one_check_limit(run, tmp_path):
     assert out.count(report.TIMED_OUT.format(seconds=limit)) == 1 and "it hung in `kv_bytes_per_token`" in out
     not_run = int(re.search(r"(\d+) not run", out).group(1))
     assert not_run >= 10 and f"{not_run} check(s) not run: each calls `kv_bytes_per_token`" in out, out
+
+
+def test_a_function_that_hung_is_the_learners_again_after_grading():
+    """A notebook's namespace is graded in place: the function stopped after its timeout is put back."""
+    from grader import grade, targets
+
+    source = (ROOT / manifest.get("04").solution).read_text()
+    line = "    # Why 2: each layer"
+    namespace = {"__name__": "__main__"}
+    exec(compile(source.replace(line, "    while True:\n        pass\n" + line), "<notebook-cell>", "exec"), namespace)
+    original = namespace["kv_bytes_per_token"]
+    results = grade.grade("04", targets.from_namespace(namespace), timeout=3)
+    assert [r.status for r in results].count("timeout") == 1 and any(r.status == "not-run" for r in results), [(r.status, r.message) for r in results[:3]]
+    assert namespace["kv_bytes_per_token"] is original

@@ -41,7 +41,7 @@ class Settings:
     device: str = "cpu"
     seed: int = 0
     timeout: float = 60.0  # seconds a submission × kata may run, from the moment the grader has started
-    check_timeout: float | None = None  # seconds one check (or the file's import) may run; None: a quarter of timeout
+    check_timeout: float | None = None  # seconds one check (or the file's import) may run; None: half of timeout
     startup: float = 300.0  # seconds the grader may take to start in a worker (importing torch, warming up)
     memory_mb: int | None = 4096  # what the learner's code may allocate, beyond the grader's own; None: no limit
     file_mb: int = 64  # the largest file a worker may write
@@ -54,7 +54,7 @@ class Settings:
 def check_limit(settings: Settings) -> float:
     """Seconds one check may run: a check that hangs then fails alone and the kata's other checks still
     run in the time left (a function that hung stops the checks that call it at once, grader.hangs)."""
-    return settings.check_timeout or settings.timeout / 4
+    return settings.check_timeout or settings.timeout / 2
 
 
 @dataclass
