@@ -111,7 +111,8 @@ class Grading:
                 events.append(event)
         self.since = time.monotonic()
         for event in events:
-            self.running = event.get("check") if event.get("event") == "start" else self.running
+            if event.get("event") in ("start", "result"):  # a check began, or ended (its diagnosis is timed apart)
+                self.running = event.get("check") if event.get("event") == "start" else None
             if event.get("event") == "done":
                 self.running = None
                 self._reap("done")

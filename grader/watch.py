@@ -187,28 +187,28 @@ class Session:
         prime(k)
         first = self.first[k.id] if k.id in self.first else last_failed(k)
         grading = self.live = live.Grading(k, self.seed, self.timeout, first)
-        verdict = Verdict(k, first, self.say)
+        verdict, saved, overran = Verdict(k, first, self.say), [], None
         while grading.ended is None:
             notify = self.watcher.fileno()
             select.select([grading.fd] + ([notify] if notify is not None else []), [], [], TICK)
             for event in grading.events():
                 verdict.show(event)
-            newer = self.watcher.wait(0)
-            if newer:
+            saved = list(dict.fromkeys(saved + [self.files[path] for path in self.watcher.wait(0)]))
+            if k in saved:  # this file again: its grading is out of date
                 grading.cancel()
                 self.say(f"  (saved again: this grading of kata {k.id} is cancelled)")
-                return None, list(dict.fromkeys(self.files[path] for path in newer))
+                self.live = None
+                return None, [k] + [other for other in saved if other is not k]
             if grading.overdue():
                 grading.cancel()
-                grading.ended = OVERDUE.format(check=verdict.by_id[grading.running].title, seconds=self.timeout)
+                overran = OVERDUE.format(check=verdict.by_id[grading.running].title, seconds=self.timeout)
         self.live = None
-        return self._finish(k, grading, verdict), []
+        return self._finish(k, grading, verdict, overran), saved
 
-    def _finish(self, k, grading, verdict) -> manifest.Kata | None:
+    def _finish(self, k, grading, verdict, overran: str | None) -> manifest.Kata | None:
         seconds = time.monotonic() - grading.started
         if grading.ended != "done":
-            why = grading.ended if grading.ended.startswith("the check") else \
-                f"your code ended the grading process ({grading.ended})"
+            why = overran or f"your code ended the grading process ({grading.ended})"
             self.say(f"[{time.strftime('%H:%M:%S')}] kata {k.id} · {k.title}: not graded — {why}")
             return None
         results = verdict.finish(seconds)
