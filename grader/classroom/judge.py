@@ -91,7 +91,7 @@ def results(run, settings, memo=None) -> tuple[list[Result], list[str], dict | N
             made.append(Result(check, "fail", report.LOAD_FAILED.format(reason=load["error"])))
         elif record is None:
             reason = NOT_RUN_TIME.format(seconds=settings.timeout) if run.timed_out else NOT_RUN_DIED.format(how=_how(run))
-            made.append(Result(check, "timeout" if run.timed_out else "fail", reason))
+            made.append(Result(check, "not-run" if run.timed_out else "fail", reason))
         elif "unreadable" in record or record.get("check") != check.id:
             made.append(Result(check, "fail", UNVERIFIED.format(why=record.get("unreadable", "another check's record"))))
         else:
