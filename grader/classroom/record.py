@@ -52,14 +52,14 @@ class RecordingCtx(Ctx):
         if not any(key.startswith(f"{number}:") and (e.get("outcome") or {}).get("kind") == "fail"
                    for key, e in self.executions.items()):
             return
-        after, seen, self.calls = self.calls, self.seen.get(after_call := self.calls), calls
+        after = self.calls  # the shrinking run is the same call again, as the replay side counts it
+        seen, self.calls = list(self.seen.get(after, [])), calls
         try:
             Ctx.forall(self, strategy, self._recorded(body, number, shrink=True), max_examples)
         except Failure:
             pass  # the verdict is the replay side's
         finally:
-            self.calls = after
-            self.seen[after_call] = seen
+            self.calls, self.seen[after] = after, seen
 
     def case(self, example: dict, body) -> None:
         super().case(example, self._recorded(body))
