@@ -189,10 +189,11 @@ def cmd_grade(args) -> int:
     from grader.classroom.cohort import sandbox as cohort  # here: the classroom's commands load what grading needs
     from grader.classroom.cohort import grading
 
-    if args.jobs < 1 or args.timeout <= 0 or (args.memory is not None and args.memory < 256):
-        raise UsageError("-j must be at least 1, --timeout positive and --memory at least 256 (MB)")
+    if args.jobs < 1 or args.timeout <= 0 or (args.memory is not None and args.memory < 256) or \
+            (args.check_timeout is not None and args.check_timeout <= 0):
+        raise UsageError("-j must be at least 1, --timeout and --check-timeout positive and --memory at least 256 (MB)")
     settings = cohort.Settings(device=args.device, seed=args.seed, timeout=args.timeout, memory_mb=args.memory,
-                               jobs=args.jobs)
+                               jobs=args.jobs, check_timeout=args.check_timeout)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     print(grading.grade(args.submissions, settings, args.level, args.only, args.report, args.json, args.junit, progress))
     return 0
@@ -225,10 +226,11 @@ def _learner_commands(command) -> None:
     c = command("watch", cmd_watch, "re-grade a kata each time you save its file; moves on when it passes")
     c.add_argument("kata", nargs="?", help="kata id to start with (default: the first that does not pass)")
     c.add_argument("--poll", action="store_true", help="poll the files instead of using file notifications")
-    c.add_argument("--interval", type=float, default=0.5, help="seconds between polls (default 0.5)")
+    c.add_argument("--interval", type=float, default=0.2, help="seconds between polls (default 0.2)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--timeout", type=float, default=None,
-                   help="seconds one check may run (default 10; a hang is stopped, the watcher goes on)")
+                   help="seconds one check may run (default 10; the first check that hangs stops that grading, "
+                        "the watcher goes on)")
     c = command("hint", cmd_hint, "the next hint of a kata (counted in an open interview session)")
     c.add_argument("kata", nargs="?")
     c.add_argument("--all", action="store_true", help="every hint of the kata")
@@ -271,6 +273,9 @@ def _classroom_commands(command) -> None:
     c.add_argument("--junit", metavar="FILE", help="JUnit XML, a test case per kata × check")
     c.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="workers at a time")
     c.add_argument("--timeout", type=float, default=60.0, help="seconds a submission × kata may run once the grader has started (default 60)")
+    c.add_argument("--check-timeout", type=float, default=None,
+                   help="seconds one check may run (default: half of --timeout); a check that hangs fails alone, "
+                        "the checks that call the function that hung are not run, the others are")
     c.add_argument("--memory", type=int, default=4096,
                    help="MB the submission's code may allocate beyond the grader's own (default 4096; "
                    "on CUDA the device memory too)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from grader import checks, manifest, render, state
-from grader.engine import Ctx, report, Result, run_check, targets
+from grader.engine import CheckTimeout, Ctx, Result, hangs, report, run_check, targets, time_limit
 from grader.public_record import public
 from grader.runtime import pick_device, single_thread  # noqa: F401  (grade.pick_device: the front ends' name for it)
 
@@ -26,6 +26,16 @@ def context(kata: manifest.Kata, target: targets.Target, device, seed: int = 0) 
     return Ctx(target, targets.reference(kata), device, seed), mistakes.load(kata.id)
 
 
+def load(kata: manifest.Kata, spec: str, root=None, timeout: float | None = None) -> targets.Target:
+    """``targets.resolve`` within ``timeout`` seconds: a file whose import never ends fails to load, saying so."""
+    try:
+        with time_limit(timeout):
+            return targets.resolve(kata, spec, root)
+    except CheckTimeout:
+        label = kata.stub if spec == "stub" else spec
+        raise targets.TargetLoadError(report.IMPORT_TIMED_OUT.format(label=label, seconds=timeout)) from None
+
+
 def checks_for(kata_id: str) -> list:
     """The checks that run in this copy: every one in the repository, the public ones in a handout."""
     return public.checks_of(kata_id, checks.for_kata(kata_id).all)
@@ -44,7 +54,10 @@ def grade(kata_id: str, target: targets.Target | str = "stub", device: str = "cp
         target = targets.resolve(kata, target)
     single_thread()
     ctx, known = context(kata, target, pick_device(device), seed)
-    return [run_check(check, ctx, known if diagnose else (), timeout) for check in checks_for(kata.id)]
+    try:
+        return [run_check(check, ctx, known if diagnose else (), timeout) for check in checks_for(kata.id)]
+    finally:
+        hangs.restore(target)  # a function that hung is the learner's again (a notebook's, say)
 
 
 def summary(kata: manifest.Kata, results: list[Result]) -> str:
@@ -60,6 +73,19 @@ def summary(kata: manifest.Kata, results: list[Result]) -> str:
         later = [k for k in manifest.load().values() if k.id > kata.id]
         line += report.ALL_PASS.format(next=f"pytest katas/{later[0].id}" if later else "you have done every kata")
     return line
+
+
+def not_run_lines(results: list[Result]) -> list[str]:
+    """The checks not run because a function hung in an earlier one: the reason once, then their titles."""
+    by_reason: dict[str, list[str]] = {}
+    for r in results:
+        if r.status == "not-run":
+            by_reason.setdefault(r.message, []).append(r.check.title)
+    lines = []
+    for reason, titles in by_reason.items():
+        lines.append(f"  · {len(titles)} check(s) " + reason.replace("not run: it calls", "not run: each calls", 1) + ":")
+        lines += [f"      {title}" for title in titles]
+    return lines
 
 
 def record(kata: manifest.Kata, results: list[Result], target_label: str, device: str) -> dict:

@@ -119,9 +119,13 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 
 def pytest_report_teststatus(report, config: pytest.Config):
-    """A check of an untouched stub is its own category: one line in the kata summary, no section."""
-    if getattr(report, "kata_status", None) == "not-implemented":
+    """A check of an untouched stub, or one not run because its function hung in an earlier check, is its
+    own category: one line in the kata summary, no section."""
+    status = getattr(report, "kata_status", None)
+    if status == "not-implemented":
         return "not implemented", "n", ("NOT IMPLEMENTED", {"yellow": True})
+    if status == "not-run":  # a function hung in an earlier check: said once there, one line each here
+        return "not run", "-", ("NOT RUN", {"yellow": True})
     return None
 
 
@@ -135,6 +139,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         kata = manifest.get(kata_id)
         for line in render.result_lines([r for r in results if r.status == "not-implemented"]):
             terminalreporter.write_line("  " + line)
+        for line in grade.not_run_lines(results):
+            terminalreporter.write_line(line)
         terminalreporter.write_line(grade.summary(kata, results))
         for r in results:
             if r.diagnoses:
@@ -176,7 +182,7 @@ class KataFile(pytest.File):
         if self._ctx is None and self._load_error is None:
             settings = self.config.stash[SETTINGS]
             try:
-                target = targets.resolve(self.kata, settings["target"], self.config.rootpath)
+                target = grade.load(self.kata, settings["target"], self.config.rootpath, settings["timeout"])
             except targets.TargetLoadError as exc:
                 self._load_error = str(exc)
                 return None

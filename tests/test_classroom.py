@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import pathlib
 import subprocess
 import sys
 from xml.etree import ElementTree as ET
@@ -293,3 +294,50 @@ def test_fresh_workers_give_the_same_rows_as_warm_ones(graded):
     fresh = cohort.grade_all(jobs, cohort.Settings(jobs=2, timeout=10, memory_mb=2048, warm=False))
     assert [(r["status"], str(r["passed"]), r["diagnosis"]) for r in fresh] == \
         [(rows[n]["status"], rows[n]["passed"], rows[n]["diagnosis"]) for n in names]
+
+
+def test_a_looping_function_scores_the_checks_that_ran(tmp_path):
+    """A function that hangs costs one check's limit in a worker too: the row scores every check that
+    could run, as local grading does, instead of timing the whole kata out."""
+    from grader.classroom.cohort import grading
+    from grader.classroom.cohort import sandbox as cohort
+
+    k04 = manifest.get("04")
+    line = "    # Why 2: each layer"  # inside kv_bytes_per_token, which most of kata 04's functions call
+    source = (manifest.REPO_ROOT / k04.solution).read_text().replace(line, "    while True:\n        pass\n" + line)
+    (tmp_path / "sub" / "katas" / "04").mkdir(parents=True)
+    (tmp_path / "sub" / k04.stub).write_text(source)
+    local = grade.grade("04", str(tmp_path / "sub" / k04.stub), timeout=2)
+    jobs = grading.jobs_for([str(tmp_path / "sub")], None, False)
+    row = cohort.grade_all(jobs, cohort.Settings(timeout=20, check_timeout=2))[0]
+    assert row["status"] == "timeout" and "not run" in row["note"], row["note"]
+    assert 0 < row["passed"] == sum(r.passed for r in local) < row["total"]
+    assert [c["status"] for c in row["checks"]] == [r.status for r in local]
+    assert sum(c["status"] == "timeout" for c in row["checks"]) == 1
+
+
+@pytest.mark.parametrize("kata_id, names", [("01", ["new entries put before the old ones", "missing the 1/sqrt(head_dim) scale"]),
+                                            ("03", ["tiled repeat instead of interleave", "positions restart at 0 on each call"])])
+def test_cohort_feedback_is_the_local_feedback(tmp_path, kata_id, names):
+    """``kvkata grade`` shows the student the same shrunk failing input and the same diagnosis as
+    ``pytest katas/NN`` with the same seed."""
+    from grader.classroom.cohort import grading
+    from grader.classroom.cohort import sandbox as cohort
+
+    kata = manifest.get(kata_id)
+    reference = (manifest.REPO_ROOT / kata.solution).read_text()
+    chosen = [m for m in mistakes.catalogue(kata_id) if m.name in names]
+    assert len(chosen) == len(names)
+    roots = []
+    for i, mistake in enumerate(chosen):
+        (tmp_path / f"s{i}" / "katas" / kata_id).mkdir(parents=True)
+        (tmp_path / f"s{i}" / kata.stub).write_text(mistake.apply(reference))
+        roots.append(str(tmp_path / f"s{i}"))
+    rows = cohort.grade_all(grading.jobs_for(roots, None, False), cohort.Settings(timeout=120, jobs=2))
+    for root, mistake, row in zip(roots, chosen, rows):
+        path = f"{root}/{kata.stub}"
+        local = grade.grade(kata_id, path)  # as pytest katas/NN grades it, seed 0
+        assert any(mistake.name in r.diagnoses for r in local)
+        for r, c in zip(local, row["checks"]):
+            assert (c["status"], c["diagnoses"]) == (r.status, r.diagnoses), (mistake.name, r.check.id)
+            assert c["message"] == r.message.replace(str(pathlib.Path(path).resolve()), kata.stub), (mistake.name, r.check.id)

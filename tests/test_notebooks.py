@@ -113,7 +113,7 @@ def test_pictures_are_drawn_headless_from_the_references():
         matplotlib.pyplot.close(fig)
         drawn += 1
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MPLBACKEND")}
-    backend = subprocess.run([sys.executable, "-c", "from grader import pictures; print(pictures._pyplot().get_backend())"],
+    backend = subprocess.run([sys.executable, "-c", "from grader.learner import pictures; print(pictures._pyplot().get_backend())"],
                              cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert backend.lower() == "agg"
 

@@ -1,7 +1,9 @@
 """The pytest plugin, driven as a learner drives it: ``pytest katas/01`` in a subprocess."""
 from __future__ import annotations
 
+import re
 import textwrap
+from xml.etree import ElementTree as ET
 
 import pytest
 
@@ -94,3 +96,38 @@ def test_bad_option_values_and_unknown_katas_are_rejected_with_the_valid_ones(ru
     assert result.ret != 0 and "expected one of auto, cpu, cuda" in result.stderr.str()
     result = run("katas/99")
     assert result.ret != 0 and "unknown kata '99'" in result.stderr.str() and "01" in result.stderr.str()
+
+
+def test_a_looping_function_costs_one_check_limit(run, tmp_path):
+    """The check that hangs fails alone; the others that call the function that hung say so at once."""
+    k04 = manifest.get("04")
+    source = (ROOT / k04.solution).read_text()
+    line = "    # Why 2: each layer"  # inside kv_bytes_per_token, which most of kata 04's functions call
+    assert source.count(line) == 1
+    looping = tmp_path / "memory.py"
+    looping.write_text(source.replace(line, "    while True:\n        pass\n" + line))
+    limit = 2
+    result = run("katas/04", f"--kata-target={looping}", f"--kata-timeout={limit}", f"--junitxml={tmp_path / 'j.xml'}")
+    out = result.stdout.str()
+    assert result.ret == 1
+    cases = ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
+    seconds = {case.get("name"): float(case.get("time")) for case in cases}
+    assert sum(seconds.values()) < 2 * limit, seconds  # one limit in all, not one per check
+    assert out.count(report.TIMED_OUT.format(seconds=limit)) == 1 and "it hung in `kv_bytes_per_token`" in out
+    not_run = int(re.search(r"(\d+) not run", out).group(1))
+    assert not_run >= 10 and f"{not_run} check(s) not run: each calls `kv_bytes_per_token`" in out, out
+
+
+def test_a_function_that_hung_is_the_learners_again_after_grading():
+    """A notebook's namespace is graded in place: the function stopped after its timeout is put back."""
+    from grader import grade
+    from grader.engine import targets
+
+    source = (ROOT / manifest.get("04").solution).read_text()
+    line = "    # Why 2: each layer"
+    namespace = {"__name__": "__main__"}
+    exec(compile(source.replace(line, "    while True:\n        pass\n" + line), "<notebook-cell>", "exec"), namespace)
+    original = namespace["kv_bytes_per_token"]
+    results = grade.grade("04", targets.from_namespace(namespace), timeout=3)
+    assert [r.status for r in results].count("timeout") == 1 and any(r.status == "not-run" for r in results), [(r.status, r.message) for r in results[:3]]
+    assert namespace["kv_bytes_per_token"] is original

@@ -139,3 +139,65 @@ def test_the_watcher_sees_saves_by_rename_and_ignores_unchanged_saves(tmp_path):
             assert watcher.wait() == [target]
         finally:
             watcher.close()
+
+
+K04 = manifest.get("04")
+K04_REFERENCE = (manifest.REPO_ROOT / K04.solution).read_text()
+LOOPING = '    # Why 2: each layer'  # inside kv_bytes_per_token, which most of kata 04's functions call
+LIMIT = 3  # seconds one check may run in these tests
+
+
+def looping_04() -> str:
+    assert K04_REFERENCE.count(LOOPING) == 1
+    return K04_REFERENCE.replace(LOOPING, "    while True:\n        pass\n" + LOOPING)
+
+
+def _saved_and_graded(watching: Watching, path, text: str) -> tuple[str, float]:
+    """Save ``text``, then the verdict that follows and the seconds from the save to its board line."""
+    saved = time.monotonic()
+    path.write_text(text)
+    shown = "\n".join(watching.until("checks pass"))
+    return shown, time.monotonic() - saved
+
+
+def test_a_loop_costs_one_check_limit_and_a_loop_at_import_says_so(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    path = repo / K04.stub
+    watching = Watching(repo, "04", "--timeout", str(LIMIT))
+    try:
+        total = int(re.search(r"kata 04: 0/(\d+) checks pass", watching.verdict()).group(1))
+        shown, seconds = _saved_and_graded(watching, path, looping_04())
+        assert shown.count("timed out after") == 1 and "it hung in `kv_bytes_per_token`" in shown, shown
+        assert f"{total - 1} check(s) not run: the check" in shown and "stopped there" in shown, shown
+        assert seconds < 2 * LIMIT, (seconds, shown)  # one limit, not one per check that calls the function
+
+        shown, seconds = _saved_and_graded(watching, path, K04_REFERENCE + "\nwhile True:\n    pass\n")
+        assert f"importing {K04.stub} did not finish within {LIMIT:g} s" in shown, shown
+        assert seconds < 2 * LIMIT, (seconds, shown)
+        assert watching.stop() == 0
+    finally:
+        if watching.proc.poll() is None:
+            watching.proc.kill()
+
+
+def test_a_newer_save_cancels_the_grading_and_the_check_that_failed_last_runs_first(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    path = repo / K04.stub
+    watching = Watching(repo, "04", "--timeout", "60")
+    try:
+        watching.verdict()
+        saved = time.monotonic()
+        path.write_text(looping_04())
+        watching.until("grading kata 04")
+        time.sleep(1.0)  # the grading is now stuck in the loop, for up to 60 s
+        path.write_text(K04_REFERENCE)
+        assert "cancelled" in "\n".join(watching.until("cancelled", 30))
+        passed = watching.until("passes.", 30)
+        assert time.monotonic() - saved < 30, passed  # the fix did not wait for the hang's time limit
+        first_check = grade.checks_for("04")[0]  # the stub's first failing check, so the first run in the fix
+        after = passed[passed.index(next(line for line in passed if line.startswith("grading kata 04"))) + 1]
+        assert after.strip() == f"✓ {first_check.title} — passes now", passed
+        assert watching.stop() == 0
+    finally:
+        if watching.proc.poll() is None:
+            watching.proc.kill()

@@ -102,10 +102,11 @@ class Checks:
 @dataclass
 class Result:
     check: Check
-    status: str  # "pass" | "fail" | "not-implemented" | "timeout" | "error" (a grader bug)
+    status: str  # "pass" | "fail" | "not-implemented" | "timeout" | "not-run" (after a timeout) | "error" (a grader bug)
     message: str = ""
     diagnoses: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    failure: "Failure | None" = field(default=None, repr=False, compare=False)  # of a failed check, for ``explain``
 
     @property
     def passed(self) -> bool:

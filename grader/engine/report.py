@@ -12,6 +12,8 @@ TIMED_OUT = "timed out after {seconds:g} s: look for a loop that never ends or a
 CRASHED = "your code raised {error}"
 GRADER_HIT = "while checking your result the grader hit {error}; your function probably returned something unexpected"
 LOAD_FAILED = "{reason}"
+IMPORT_TIMED_OUT = ("importing {label} did not finish within {seconds:g} s: look for a loop that never ends at the "
+                    "top level of the file, outside any function")
 MISSING_NAME = "{label} defines no `{name}`; the kata's API needs it (see the README)"
 MUTATED = "{call} changed its argument `{arg}` in place; a function must not modify its inputs"
 DIAGNOSIS = "this looks like a known mistake: {name}. {why}\n  hint: {hint}"

@@ -8,7 +8,7 @@ import site
 import sys
 import sysconfig
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader import manifest
@@ -30,6 +30,7 @@ class Target:
     label: str  # how reports name it: "katas/03/gqa.py", "the reference", "mistake 'tiled repeat'"
     filename: str  # the code filename in tracebacks, used to tell learner frames from grader frames
     namespace: dict
+    stopped: list = field(default_factory=list, compare=False, repr=False)  # functions that hung (grader.engine.hangs)
 
     def has(self, name: str) -> bool:
         return name in self.namespace
@@ -61,6 +62,9 @@ def from_source(source: str, filename: str, label: str) -> Target:
     except Exception as exc:  # the learner's module-level code failed
         sys.modules.pop(name, None)
         raise TargetLoadError(f"importing {label} raised {type(exc).__name__}: {exc}") from exc
+    except BaseException:  # stopped from outside (a time limit): no half-made module stays behind
+        sys.modules.pop(name, None)
+        raise
     return Target(label=label, filename=filename, namespace=module.__dict__)
 
 

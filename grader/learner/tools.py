@@ -44,7 +44,7 @@ def grade_file(k: manifest.Kata, spec: str, device: str = "cpu", seed: int = 0, 
     except ModuleNotFoundError:
         raise UsageError(f"kata {k.id} has no checks yet") from None
     try:
-        target = targets.resolve(k, spec)
+        target = grade.load(k, spec, timeout=timeout or grade.DEFAULT_TIMEOUT)
         device = str(grade.pick_device(device))
     except targets.TargetLoadError as exc:
         return [Result(c, "fail", report.LOAD_FAILED.format(reason=exc)) for c in kata_checks]

@@ -1,35 +1,37 @@
 """``kvkata watch [NN]``: re-grade a kata each time its file is saved, in one warm process.
 
-The watcher imports torch, the grader, the checks, the references and the known mistakes once.
-Each grading runs in a child forked from it (warm, so a verdict comes back in a fraction of the
-time a fresh ``pytest katas/NN`` takes), which sends its results back through a pipe: a learner's
-file that hangs is killed at the time limit, one that crashes or exits ends only the child, and
-the watcher goes on. Results go to the board exactly as ``kvkata check`` saves them.
+The watcher imports torch, the grader, the checks, the references and the known mistakes once,
+and runs each kata's checks once on its reference (``prime``), so the children it forks find that
+work done. Each grading runs in such a child (grader.learner.live), which streams its results back: the
+watcher says "grading kata NN…" at the save, shows the check that failed last first, each failing
+check as it is known and the board line at the end. A newer save cancels a grading in progress;
+a loop stops the grading at its first timeout; a file that crashes or exits ends only its child.
+Results go to the board exactly as ``kvkata check`` saves them.
 
-Saves are noticed through file-system notifications (inotify) where they work, else by polling.
-The watcher probes the notifications when it starts and polls by itself where none arrive (WSL
-drives, network folders), and it also compares the files every few seconds as a safety net.
+Saves are noticed through file-system notifications (inotify) where they work, else by polling
+(grader.learner.changes). The watcher probes the notifications when it starts and polls by itself where
+none arrive (WSL drives, network folders), and it also compares the files every few seconds as a
+safety net.
 """
 from __future__ import annotations
 
-import json
-import os
 import select
-import signal
 import time
 
 from grader import manifest, render
-from grader.learner import changes
+from grader.learner import changes, live
 from grader.learner import tools as learner
 from grader.errors import UsageError
 
 CHECK_TIMEOUT = 10.0  # seconds one check may run in the watcher (a hang shows quickly)
+TICK = 0.2  # seconds between looks at the files while polling during a grading
+OVERDUE = "the check \"{check}\" ran past {seconds:g} s and could not be stopped from inside, so the grading was stopped"
 
 
-# -- grading in a forked child ----------------------------------------------------------------
+# -- warming up ------------------------------------------------------------------------------
 def warm_up(katas: list[manifest.Kata]) -> None:
-    """Import what grading needs, once, before any child is forked (no torch op runs here, so
-    no thread pool exists to break in the children)."""
+    """Import what grading needs, once, before any child is forked (torch runs on one thread here,
+    grade.single_thread, so no thread pool exists to break in the children)."""
     from grader import grade
     from grader.engine import targets
     from grader.public_record import public
@@ -43,88 +45,84 @@ def warm_up(katas: list[manifest.Kata]) -> None:
             grade.context(k, targets.reference(k), "cpu")  # the reference and the mistake catalogue
 
 
-def grade_forked(k: manifest.Kata, device: str, seed: int, timeout: float) -> tuple[list | None, str]:
-    """(results, "") from a child process, or (None, why) when the child hung, crashed or exited."""
+_PRIMED: set[str] = set()
+
+
+def prime(k: manifest.Kata) -> None:
+    """Run ``k``'s checks once here on the reference, and list the inputs a diagnosis draws, so that
+    every child forked later finds them done (a fork forgets what its children computed)."""
     from grader import grade
+    from grader.engine import diagnosis, run_check, targets
+    from grader.public_record import public
 
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: grade, send plain data, leave without running anyone's exit handlers
-        code = 0
-        try:
-            os.close(read_end)
-            results = learner.grade_file(k, "stub", device, seed, timeout)
-            payload = [[r.check.id, r.status, r.message, list(r.diagnoses), r.seconds] for r in results]
-            data = json.dumps(payload).encode()
-            while data:
-                data = data[os.write(write_end, data):]
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    deadline = time.monotonic() + timeout * (len(grade.checks_for(k.id)) + 1)
-    data, why = _read_all(read_end, deadline), ""
-    os.close(read_end)
-    if data is None:
-        os.kill(pid, signal.SIGKILL)
-        why = f"grading took longer than {timeout * (len(grade.checks_for(k.id)) + 1):g} s and was stopped"
-    _, status = os.waitpid(pid, 0)
-    if data:
-        try:
-            return _results(k, json.loads(data)), ""
-        except (ValueError, TypeError, KeyError):
-            why = "the grading process sent back something unreadable"
-    return None, why or f"your code ended the grading process ({_ended(status)})"
-
-
-def _read_all(fd: int, deadline: float) -> bytes | None:
-    """Everything until the writer closes, or None at the deadline."""
-    chunks = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-
-
-def _results(k: manifest.Kata, payload: list) -> list:
-    from grader import checks
-    from grader.engine import Result
-
-    by_id = {c.id: c for c in checks.for_kata(k.id).all}
-    return [Result(by_id[cid], status, message, diagnoses, seconds) for cid, status, message, diagnoses, seconds in payload]
-
-
-def _ended(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        try:
-            return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
-        except ValueError:
-            return f"killed by signal {os.WTERMSIG(status)}"
-    return f"exit code {os.WEXITSTATUS(status)}"
+    if k.id in _PRIMED or public.active(k.id) or not grade.gradable(k):
+        return
+    _PRIMED.add(k.id)
+    ctx, _ = grade.context(k, targets.reference(k), grade.pick_device("cpu"))
+    for check in grade.checks_for(k.id):
+        run_check(check, ctx, (), None)
+        for site in diagnosis.sites(check, ctx):
+            diagnosis.drawn(ctx, check, site)
 
 
 # -- what the learner sees --------------------------------------------------------------------
-def verdict(k: manifest.Kata, results: list | None, why: str, seconds: float) -> list[str]:
-    """The board line, then the first failing check with its message (and diagnosis)."""
-    from grader import grade
+class Verdict:
+    """Shows a grading's events as they come: the first failing check in full (then its diagnosis),
+    every further failing check in one line, the checks not run once, then the board line."""
 
-    stamp = time.strftime("%H:%M:%S")
-    if results is None:
-        return [f"[{stamp}] kata {k.id} · {k.title}: not graded — {why}"]
-    lines = [f"[{stamp}] {grade.summary(k, results)}  ({seconds:.2f} s)"]
-    failing = [r for r in results if not r.passed]
-    if failing:
-        lines += ["  " + line for line in render.result_lines(failing[:1])]
-        if len(failing) > 1:
-            lines.append(f"  … and {len(failing) - 1} more failing check(s): kvkata check {k.id}")
-    return lines
+    def __init__(self, k: manifest.Kata, first: str | None, say):
+        from grader import checks
+
+        self.kata, self.first, self.say = k, first, say
+        self.by_id = {c.id: c for c in checks.for_kata(k.id).all}
+        self.results: dict[str, object] = {}
+        self.shown: str | None = None  # the failing check shown in full
+        self.grouped: dict[str, int] = {}  # one line, at the end, for the checks with the same message
+
+    def show(self, event: dict) -> None:
+        from grader.engine import Result
+
+        kind, check = event.get("event"), self.by_id.get(event.get("check"))
+        if kind not in ("result", "explained") or check is None:
+            return
+        r = Result(check, event["status"], event["message"], event["diagnoses"], event["seconds"])
+        before, self.results[check.id] = self.results.get(check.id), r
+        if kind == "explained":
+            extra = r.message[len(before.message):] if before is not None else r.message
+            self.say("\n".join("      " + line.strip() for line in extra.splitlines() if line.strip()))
+        elif r.status == "pass":
+            if check.id == self.first:
+                self.say(f"  ✓ {check.title} — passes now")
+        elif r.status in ("not-run", "not-implemented"):
+            self.grouped[r.message] = self.grouped.get(r.message, 0) + 1
+        elif self.shown is None:
+            self.shown = check.id
+            self.say("\n".join("  " + line for line in render.result_lines([r])))
+        elif r.message == self.results[self.shown].message:  # a file that would not load, say
+            same = f"fail the same way: {r.message.splitlines()[0]}"
+            self.grouped[same] = self.grouped.get(same, 0) + 1
+        else:
+            self.say("  " + render.result_lines([r], verbose=False)[0])
+
+    def finish(self, seconds: float) -> list:
+        """The board line; the results in the kata's order."""
+        from grader import grade
+
+        for reason, n in self.grouped.items():
+            self.say(f"  · {n} {'more ' if reason.startswith('fail the same') else ''}check(s) {reason}")
+        results = [self.results[c.id] for c in grade.checks_for(self.kata.id) if c.id in self.results]
+        self.say(f"[{time.strftime('%H:%M:%S')}] {grade.summary(self.kata, results)}  ({seconds:.2f} s)")
+        if sum(not r.passed and r.status != "not-run" for r in results) > 1:
+            self.say(f"  `kvkata check {self.kata.id}` shows every failing check's message")
+        return results
+
+
+def last_failed(k: manifest.Kata) -> str | None:
+    """The first check of ``k`` that did not pass in the latest results on the board."""
+    saved = learner.saved_results().get(k.id, {}).get("checks")
+    if not isinstance(saved, dict):
+        return None
+    return next((cid for cid, entry in saved.items() if isinstance(entry, dict) and entry.get("status") != "pass"), None)
 
 
 def next_pending(katas: list[manifest.Kata], after: manifest.Kata | None = None) -> manifest.Kata | None:
@@ -150,37 +148,80 @@ def run(kata_id: str | None, poll: bool, interval: float, seed: int, timeout: fl
         raise UsageError("no kata can be graded here (no reference solutions, no public records): your instructor "
                          "grades your work")
     current = learner.kata(kata_id) if kata_id else (next_pending(katas) or katas[0])
-    device = "cpu"
     warm_up(katas)
     files = {manifest.REPO_ROOT / k.stub: k for k in katas}
     watcher = changes.Watcher(list(files), poll=poll, interval=interval)
     say(f"watching {len(files)} kata files ({watcher.mode}); now: kata {current.id}, edit {current.stub}. "
         "Ctrl-C to stop.")
+    session = Session(katas, files, watcher, seed, timeout, say)
     try:
         pending = [current]
         while True:
-            for k in pending:
-                current = _grade_and_show(k, katas, device, seed, timeout, say) or current
-            changed = watcher.wait()
-            pending = list(dict.fromkeys(files[path] for path in changed))
+            while pending:
+                k = pending.pop(0)
+                moved_on, newer = session.grade(k)
+                pending = list(dict.fromkeys(newer + pending))
+                current = moved_on or current
+            pending = list(dict.fromkeys(files[path] for path in watcher.wait()))
     except KeyboardInterrupt:
         say("\nstopped watching; `kvkata` shows the board.")
         return 0
     finally:
+        session.stop()
         watcher.close()
 
 
-def _grade_and_show(k, katas, device, seed, timeout, say) -> manifest.Kata | None:
-    """Grade ``k``, show the verdict, save it for the board; the kata to move on to when it passes."""
-    started = time.monotonic()
-    results, why = grade_forked(k, device, seed, timeout)
-    say("\n".join(verdict(k, results, why, time.monotonic() - started)))
-    if results is None:
-        return None
-    learner.save_results(k, results, device)
-    if all(r.passed for r in results):
-        following = next_pending(katas, k)
-        say(f"  kata {k.id} passes. " + (f"Next: kata {following.id} — {following.title}: edit {following.stub}"
-                                           if following else "Every kata passes."))
+class Session:
+    """The watcher's gradings, one at a time, each cancelled when a newer save arrives."""
+
+    def __init__(self, katas, files, watcher, seed: int, timeout: float, say):
+        self.katas, self.files, self.watcher = katas, files, watcher
+        self.seed, self.timeout, self.say = seed, timeout, say
+        self.first: dict[str, str | None] = {}  # kata id -> the check that failed last
+        self.live: live.Grading | None = None
+
+    def grade(self, k: manifest.Kata) -> tuple[manifest.Kata | None, list[manifest.Kata]]:
+        """Grade ``k`` and show it: (the kata to move on to when it passes, katas saved meanwhile)."""
+        self.say(f"grading kata {k.id}…")
+        prime(k)
+        first = self.first[k.id] if k.id in self.first else last_failed(k)
+        grading = self.live = live.Grading(k, self.seed, self.timeout, first)
+        verdict, saved, overran = Verdict(k, first, self.say), [], None
+        while grading.ended is None:
+            notify = self.watcher.fileno()
+            select.select([grading.fd] + ([notify] if notify is not None else []), [], [], TICK)
+            for event in grading.events():
+                verdict.show(event)
+            saved = list(dict.fromkeys(saved + [self.files[path] for path in self.watcher.wait(0)]))
+            if k in saved:  # this file again: its grading is out of date
+                grading.cancel()
+                self.say(f"  (saved again: this grading of kata {k.id} is cancelled)")
+                self.live = None
+                return None, [k] + [other for other in saved if other is not k]
+            if grading.overdue():
+                grading.cancel()
+                overran = OVERDUE.format(check=verdict.by_id[grading.running].title, seconds=self.timeout)
+        self.live = None
+        return self._finish(k, grading, verdict, overran), saved
+
+    def _finish(self, k, grading, verdict, overran: str | None) -> manifest.Kata | None:
+        seconds = time.monotonic() - grading.started
+        if grading.ended != "done":
+            why = overran or f"your code ended the grading process ({grading.ended})"
+            self.say(f"[{time.strftime('%H:%M:%S')}] kata {k.id} · {k.title}: not graded — {why}")
+            return None
+        results = verdict.finish(seconds)
+        failing = [r for r in results if not r.passed]
+        if failing:
+            self.first[k.id] = verdict.shown or failing[0].check.id
+        learner.save_results(k, results, "cpu")
+        if failing:
+            return None
+        following = next_pending(self.katas, k)
+        self.say(f"  kata {k.id} passes. " + (f"Next: kata {following.id} — {following.title}: edit {following.stub}"
+                                               if following else "Every kata passes."))
         return following
-    return None
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.cancel()

@@ -72,7 +72,7 @@ def write_junit(rows: list[dict], path: Path) -> None:
         for r, c in cases:
             case = ET.SubElement(suite, "testcase", classname=f"{submission}.kata{r['kata']}", name=c["title"])
             if c["status"] != "pass":
-                kind = "skipped" if c["status"] == "not-implemented" else "failure"
+                kind = "skipped" if c["status"] in ("not-implemented", "not-run") else "failure"
                 node = ET.SubElement(case, kind, message=f"{c['status']}: {c['message'].splitlines()[0] if c['message'] else ''}")
                 node.text = c["message"]
     state.write_atomic(path, ET.tostring(suites, encoding="utf-8", xml_declaration=True))
@@ -115,6 +115,8 @@ def summary(rows: list[dict]) -> str:
         if r["status"] == "not-started":  # nothing was submitted for this kata: no check to count
             continue
         for c in r["checks"]:
+            if c["status"] == "not-run":  # never run (a function that hung, the kata's time): no verdict to count
+                continue
             titles[(r["kata"], c["id"])] = c["title"]
             graded[(r["kata"], c["id"])] += 1
             failed[(r["kata"], c["id"])] += c["status"] != "pass"

@@ -19,7 +19,7 @@ NOT_RUN_TIME = "not run: the time limit of {seconds:g} s for this kata was reach
 NOT_RUN_DIED = "not run: the process running your code died before this check ({how})"
 NOT_STARTED = "the grader could not start, so the submission was not run (not the student's fault): {why}"
 MISSING_FILE = "no {file} in this submission"
-KNOWN = ("pass", "fail", "not-implemented", "timeout", "error")
+KNOWN = ("pass", "fail", "not-implemented", "timeout", "not-run", "error")
 
 
 @lru_cache(maxsize=None)
@@ -48,8 +48,8 @@ def judge_check(check, record: dict, settings, kata: manifest.Kata, others: dict
     ``others``: the records of the kata's other checks by check id, which naming a mistake may consult;
     ``memo``: the reference's outputs remembered across the cohort (grader.classroom.cohort.memo), or None."""
     status, message = record.get("status"), str(record.get("message", ""))
-    if status == "timeout":
-        return Result(check, "timeout", message)
+    if status in ("timeout", "not-run"):  # nothing to replay: the check, or the function it calls, hung
+        return Result(check, status, message)
     executions = record.get("executions")
     ctx = ReplayCtx(executions if isinstance(executions, dict) else {}, kata.stub, _reference(kata.id),
                     settings.device, settings.seed, memo)
@@ -90,7 +90,7 @@ def results(run, settings, memo=None) -> tuple[list[Result], list[str], dict | N
             made.append(Result(check, "fail", report.LOAD_FAILED.format(reason=load["error"])))
         elif record is None:
             reason = NOT_RUN_TIME.format(seconds=settings.timeout) if run.timed_out else NOT_RUN_DIED.format(how=_how(run))
-            made.append(Result(check, "timeout" if run.timed_out else "fail", reason))
+            made.append(Result(check, "not-run" if run.timed_out else "fail", reason))
         elif "unreadable" in record or record.get("check") != check.id:
             made.append(Result(check, "fail", UNVERIFIED.format(why=record.get("unreadable", "another check's record"))))
         else:
@@ -120,8 +120,11 @@ def status_and_note(run, made: list[Result], tamper: list[str], load: dict | Non
         return "crash", f"the process {_how(run)} before finishing"
     if tamper:
         return "fail", "tampered with the grader: " + "; ".join(tamper)[:300]
-    if any(r.status == "timeout" for r in made):
-        return "timeout", "a check timed out"
+    hung = [r for r in made if r.status == "timeout"]
+    if hung:
+        not_run = sum(r.status == "not-run" for r in made)
+        return "timeout", (f"a check timed out ({hung[0].check.title})"
+                           + (f"; {not_run} check(s) that call the function that hung were not run" if not_run else ""))
     errors = sum(r.status == "error" for r in made)
     if errors:
         return "fail", f"the grader itself failed on {errors} check(s) (not the student's fault; please report it)"

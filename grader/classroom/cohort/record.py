@@ -7,7 +7,11 @@ runs as usual and draws the same examples, but nothing a reference would decide 
 what the learner's code hands to ``ctx.differential``, and what each of the learner's functions
 returns (or raises, or changes in its arguments), is written down as plain data (grader.engine.plain).
 A failing body is written down too, and generation goes on, so the record holds every input the
-replay side can ask for until its first failure.
+replay side can ask for until its first failure. Where an input failed, the ``forall`` runs again
+as a local run would, Hypothesis told of each failure (``differential`` compares with the reference
+here too, for that alone), so it shrinks as ``pytest katas/NN`` does and the record holds every
+input it tried: the replay side, told the same, shrinks to the same input and names the same
+mistake. A learner's code that fooled this comparison only gets a less shrunk input shown.
 
 *Replay* runs in a process that never executes the learner's code and judges from the record.
 The record crosses over as a ``torch.save`` file read with ``weights_only=True``: data only.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from grader.engine import UNSET, CheckTimeout, Ctx, Failure, NotImplementedYet, run_body
+from grader.engine import UNSET, CheckTimeout, Ctx, Failure, GraderBug, NotImplementedYet, run_body
 from grader.engine.plain import describe_exception, observation, same
 from grader.engine.targets import Target
 
@@ -39,14 +43,32 @@ class RecordingCtx(Ctx):
         self.t = _RecordingApi(self)
 
     def forall(self, strategy, body, max_examples: int = 20) -> None:
+        """Record every input generation draws; then, where one failed, shrink as a local run does
+        (Hypothesis told of each failure), recording the inputs it tries, so the replay side shrinks
+        to the same smallest failing input ``pytest katas/NN`` shows, with the same diagnosis."""
+        calls = self.calls
         super().forall(strategy, self._recorded(body), max_examples)
+        number = self.bodies
+        if not any(key.startswith(f"{number}:") and (e.get("outcome") or {}).get("kind") == "fail"
+                   for key, e in self.executions.items()):
+            return
+        after = self.calls  # the shrinking run is the same call again, as the replay side counts it
+        seen, self.calls = list(self.seen.get(after, [])), calls
+        try:
+            Ctx.forall(self, strategy, self._recorded(body, number, shrink=True), max_examples)
+        except Failure:
+            pass  # the verdict is the replay side's
+        finally:
+            self.calls, self.seen[after] = after, seen
 
     def case(self, example: dict, body) -> None:
         super().case(example, self._recorded(body))
 
-    def _recorded(self, body):
-        self.bodies += 1
-        number = self.bodies
+    def _recorded(self, body, number: int | None = None, shrink: bool = False):
+        """``body``, its executions recorded; failures are kept from Hypothesis unless ``shrink``."""
+        if number is None:
+            self.bodies += 1
+            number = self.bodies
 
         def recorded(ctx, example):
             now = {"calls": [], "observations": [], "outcome": None}
@@ -54,10 +76,12 @@ class RecordingCtx(Ctx):
             try:
                 run_body(ctx, body, example)
                 now["outcome"] = {"kind": "pass"}
-            except Failure as failure:  # recorded, not acted on: the same examples must follow
+            except Failure as failure:  # recorded, not acted on (but when shrinking): the same examples must follow
                 has = failure.observed is not UNSET
                 now["outcome"] = {"kind": "fail", "message": failure.message, "has_observed": has,
                                   "observed": observation(failure.observed) if has else None}
+                if shrink:
+                    raise
             except NotImplementedYet as exc:
                 now["outcome"] = {"kind": "not-implemented", "name": exc.name}
                 raise
@@ -75,6 +99,11 @@ class RecordingCtx(Ctx):
             self.now = now
         if now is not None:
             now["observations"].append(observation(got))
+        try:  # tells Hypothesis what a local run would, to shrink alike; the verdict stays the replay side's
+            expected = self.expected(example, run, what)
+        except GraderBug:
+            return
+        self.compare(example, expected, got, what)
 
 
 class _RecordingApi:

@@ -41,6 +41,7 @@ class Settings:
     device: str = "cpu"
     seed: int = 0
     timeout: float = 60.0  # seconds a submission × kata may run, from the moment the grader has started
+    check_timeout: float | None = None  # seconds one check (or the file's import) may run; None: half of timeout
     startup: float = 300.0  # seconds the grader may take to start in a worker (importing torch, warming up)
     memory_mb: int | None = 4096  # what the learner's code may allocate, beyond the grader's own; None: no limit
     file_mb: int = 64  # the largest file a worker may write
@@ -48,6 +49,12 @@ class Settings:
     warm: bool = "forkserver" in multiprocessing.get_all_start_methods()  # fork workers from a warm server
     judges: int | None = None  # judge processes when warm (grader.classroom.cohort.judging); None: one per job; 0: judge here
     remember: bool = True  # judges remember the reference's outputs and Hypothesis' runs (grader.classroom.cohort.memo)
+
+
+def check_limit(settings: Settings) -> float:
+    """Seconds one check may run: a check that hangs then fails alone and the kata's other checks still
+    run in the time left (a function that hung stops the checks that call it at once, grader.engine.hangs)."""
+    return settings.check_timeout or settings.timeout / 2
 
 
 @dataclass
@@ -94,7 +101,7 @@ def _spec(job: Job, sandbox: Path, workdir: Path, roots: list[Path], settings: S
     root = manifest.REPO_ROOT
     return {"kata": job.kata.id, "file": str(sandbox / "submission" / job.kata.file), "label": job.kata.stub,
             "out": str(sandbox / "out"), "sandbox": str(sandbox), "device": settings.device, "seed": settings.seed,
-            "timeout": settings.timeout, "memory_mb": settings.memory_mb,
+            "timeout": settings.timeout, "check_timeout": check_limit(settings), "memory_mb": settings.memory_mb,
             "file_mb": settings.file_mb, "threads": 1,
             "guarded": [str(root), str(manifest.PACKAGE_DIR), str(workdir)] + [str(r) for r in roots],
             "secret": [str(root / "solutions"), str(manifest.PACKAGE_DIR / "mistakes"), str(workdir)] + [str(r) for r in roots]}

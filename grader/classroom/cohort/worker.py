@@ -28,6 +28,7 @@ import os
 import resource
 import signal
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -46,6 +47,7 @@ PATH_EVENTS = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.
                "os.truncate": 1, "os.rename": 2, "os.link": 2, "os.symlink": 2, "shutil.rmtree": 1,
                "shutil.copyfile": 2, "shutil.copytree": 2, "shutil.move": 2}
 _GONE = object()
+RECORD_MARGIN = 1.0  # seconds kept, of a kata's time, to write the record of a check that ran out of time
 CACHES = {"__slotnames__"}  # attributes Python itself caches on classes (copyreg, when pickling)
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 WATCHED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.functional", "torch.serialization", "builtins",
@@ -243,7 +245,14 @@ def warm_up(device) -> None:
     torch.nn.Linear(4, 4, bias=False).to(device)(x.float()).sum().item()
 
 
-def run_checks(spec: dict, target, reference, device, kata_checks, guard: Guard) -> None:
+def check_limit(spec: dict, began: float) -> float:
+    """Seconds the next check may run: its own limit, within what is left of the kata's (less a moment
+    to write its record)."""
+    left = spec["timeout"] - (time.monotonic() - began) - RECORD_MARGIN
+    return max(0.1, min(spec.get("check_timeout") or spec["timeout"], left))
+
+
+def run_checks(spec: dict, target, reference, device, kata_checks, guard: Guard, began: float) -> None:
     from grader.engine import run_check
     from grader.classroom.cohort.record import RecordingCtx
 
@@ -251,7 +260,7 @@ def run_checks(spec: dict, target, reference, device, kata_checks, guard: Guard)
     for index, check in enumerate(kata_checks):
         ctx = RecordingCtx(target, reference, device, spec["seed"])
         try:
-            result = run_check(check, ctx, (), spec["timeout"])
+            result = run_check(check, ctx, (), check_limit(spec, began))
             status, message = result.status, result.message
         except BaseException as exc:  # e.g. the learner's code raised KeyboardInterrupt
             status, message = "fail", f"while this check ran, your code raised {type(exc).__name__}: {exc}"
@@ -265,7 +274,7 @@ def grade(spec: dict) -> int:
     import torch
 
     from grader import checks, manifest
-    from grader.engine import targets
+    from grader.engine import CheckTimeout, report, targets, time_limit
 
     torch.set_num_threads(int(spec.get("threads", 1)))
     kata = manifest.get(spec["kata"])
@@ -276,16 +285,22 @@ def grade(spec: dict) -> int:
     guard = Guard(spec)
     out, label = Path(spec["out"]), spec["label"]
     guard.save(out / "ready.pt", {})
+    began = time.monotonic()
     limit_memory(spec, device)
     try:
         source = Path(spec["file"]).read_text(encoding="utf-8", errors="replace")
-        target = targets.from_source(source, label, label)
-    except BaseException as exc:  # a syntax error, or an import that raised or even called sys.exit
-        reason = str(exc) if isinstance(exc, targets.TargetLoadError) else \
-            f"importing {label} raised {type(exc).__name__}: {exc}"
+        limit = check_limit(spec, began)
+        with time_limit(limit):
+            target = targets.from_source(source, label, label)
+    except BaseException as exc:  # a syntax error, or an import that raised, looped or even called sys.exit
+        if isinstance(exc, CheckTimeout):
+            reason = report.IMPORT_TIMED_OUT.format(label=label, seconds=limit)
+        else:
+            reason = str(exc) if isinstance(exc, targets.TargetLoadError) else \
+                f"importing {label} raised {type(exc).__name__}: {exc}"
         guard.save(out / "load.pt", {"error": reason})
         return 0
-    run_checks(spec, target, reference, device, kata_checks, guard)
+    run_checks(spec, target, reference, device, kata_checks, guard, began)
     guard.save(out / "done.pt", {})
     return 0
 
