@@ -79,13 +79,25 @@ def summary(kata: manifest.Kata, results: list[Result]) -> str:
     line = report.SUMMARY.format(kata=kata.id, passed=passed, total=len(results))
     failing = [r for r in results if not r.passed]
     if failing:
-        first = failing[0].check.uses
-        task = kata.task_number(first)
-        line += report.NEXT_STEP.format(task=task or "?", name=first)
+        line += next_step(kata, [r.check.uses for r in failing])
     else:
         later = [k for k in manifest.load().values() if k.id > kata.id]
         line += report.ALL_PASS.format(next=f"pytest katas/{later[0].id}" if later else "you have done every kata")
     return line
+
+
+def next_step(kata: manifest.Kata, failing: list[str]) -> str:
+    """`` — start with task 3, max_batch_size``: the README's number of the earliest task a failing
+    check exercises (never past an earlier failing task), and the first failing name of that task."""
+    numbered = [(kata.task_number(name) or len(kata.tasks) + 1, order, name) for order, name in enumerate(failing)]
+    task, _, name = min(numbered)
+    if task > len(kata.tasks):
+        return report.NEXT_STEP.format(task="?", name=name)
+    step = report.NEXT_STEP.format(task=task, name=name)
+    helpers = kata.tasks[:task - 1]
+    if helpers and all(n.startswith("_") for names in helpers for n in names):  # checked only through this task
+        step += report.BUILT_ON.format(tasks="task 1" if task == 2 else f"tasks 1–{task - 1}")
+    return step
 
 
 def record(kata: manifest.Kata, results: list[Result], target_label: str, device: str) -> dict:

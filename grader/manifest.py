@@ -32,7 +32,7 @@ class Kata:
     minutes: int
     file: str
     topic: str
-    tasks: tuple[str, ...]
+    tasks: tuple[tuple[str, ...], ...]  # per numbered task of the README, the API names it asks for
     hints: tuple[str, ...]
     followups: tuple[FollowUp, ...] = field(default=())
 
@@ -53,12 +53,18 @@ class Kata:
     def notebook(self) -> str:
         return f"notebooks/{self.id}_{self.slug}.ipynb"
 
+    @property
+    def api_names(self) -> tuple[str, ...]:
+        """Every API name the tasks ask for, each once, in task order."""
+        return tuple(dict.fromkeys(name for task in self.tasks for name in task))
+
     def task_number(self, name: str) -> int | None:
-        """1-based number of the task that asks for ``name`` (``Cls.method`` counts as ``Cls``)."""
-        head = name.split(".")[0]
-        for number, task in enumerate(self.tasks, start=1):
-            if task == name or task == head:
-                return number
+        """1-based number of the README task that asks for ``name``: the first task naming it, else
+        (for ``Cls.method``) the first task naming ``Cls``."""
+        for wanted in (name, name.split(".")[0]):
+            for number, task in enumerate(self.tasks, start=1):
+                if wanted in task:
+                    return number
         return None
 
 
@@ -80,7 +86,7 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
             minutes=int(entry["minutes"]),
             file=entry["file"],
             topic=entry["topic"],
-            tasks=tuple(entry["tasks"]),
+            tasks=tuple(_task(t, entry["id"]) for t in entry["tasks"]),
             hints=tuple(entry["hints"]),
             followups=followups,
         )
@@ -88,6 +94,14 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
             raise ValueError(f"{path}: kata id {kata.id!r} appears twice")
         katas[kata.id] = kata
     return katas
+
+
+def _task(task, kata_id: str) -> tuple[str, ...]:
+    """One task of the manifest: a list of API names (a single name is accepted too)."""
+    names = (task,) if isinstance(task, str) else tuple(task)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"kata {kata_id}: tasks: expected lists of API names, got {task!r}")
+    return names
 
 
 def get(kata_id: str) -> Kata:

@@ -17,6 +17,7 @@ MUTATED = "{call} changed its argument `{arg}` in place; a function must not mod
 DIAGNOSIS = "this looks like a known mistake: {name}. {why}\n  hint: {hint}"
 SUMMARY = "kata {kata}: {passed}/{total} checks pass"
 NEXT_STEP = " — start with task {task}, {name}"
+BUILT_ON = " (the checks test {tasks} through it)"
 ALL_PASS = " — well done; next: {next}"
 
 # Tolerances per dtype: (rtol, atol). A correct implementation in another style (SDPA,

@@ -107,7 +107,7 @@ def _abandon(session: dict) -> str:
 
 def brief(k: manifest.Kata, session: dict) -> str:
     deadline = time.localtime(session["started_epoch"] + 60 * session["minutes"])
-    tasks = "\n".join(f"  {n}. {task}" for n, task in enumerate(k.tasks, start=1))
+    tasks = "\n".join(f"  {n}. {', '.join(task)}" for n, task in enumerate(k.tasks, start=1))
     return (f"interview session {session['id']}\n"
             f"kata {k.id} · {k.title} · level {k.level}\n"
             f"time: {session['minutes']} min — deadline {time.strftime('%H:%M:%S', deadline)}\n\n"
