@@ -5,6 +5,9 @@ project's tests) reads them from here and nowhere else.
 """
 from __future__ import annotations
 
+import ast
+import math
+import operator
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -75,9 +78,7 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
         raw = tomllib.load(handle)
     katas: dict[str, Kata] = {}
     for entry in raw.get("kata", []):
-        followups = tuple(
-            FollowUp(f["q"], f["a"], f.get("value"), f.get("tolerance", 0.0)) for f in entry.get("followup", [])
-        )
+        followups = tuple(_followup(f, entry["id"]) for f in entry.get("followup", []))
         kata = Kata(
             id=entry["id"],
             slug=entry["slug"],
@@ -94,6 +95,53 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
             raise ValueError(f"{path}: kata id {kata.id!r} appears twice")
         katas[kata.id] = kata
     return katas
+
+
+def _followup(raw: dict, kata_id: str) -> FollowUp:
+    """A follow-up question. With a ``given`` table, its numbers (and formulas over them, in order)
+    fill the ``{name}`` fields of the question and the answer, and ``value`` may be a formula too:
+    the question, the answer and the checked value then come from one computation."""
+    question, answer, value = raw["q"], raw["a"], raw.get("value")
+    if "given" in raw:
+        names: dict[str, float] = {}
+        for name, given in raw["given"].items():
+            names[name] = evaluate(given, names, f"kata {kata_id}: given.{name}")
+        if isinstance(value, str):
+            value = evaluate(value, names, f"kata {kata_id}: value")
+        question, answer = question.format(**names, value=value), answer.format(**names, value=value)
+    return FollowUp(question, answer, value, raw.get("tolerance", 0.0))
+
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.USub: operator.neg}
+_FUNCTIONS = {"ceil": math.ceil, "floor": math.floor, "round": round, "min": min, "max": max}
+
+
+def evaluate(formula, names: dict, where: str = "formula"):
+    """A number, or an arithmetic formula over ``names`` (+ - * / // **, ceil, floor, round, min, max)."""
+    if isinstance(formula, (int, float)) and not isinstance(formula, bool):
+        return formula
+    if not isinstance(formula, str):
+        raise ValueError(f"{where}: expected a number or a formula, got {formula!r}")
+
+    def walk(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in names:
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.operand))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
+            return _FUNCTIONS[node.func.id](*map(walk, node.args))
+        raise ValueError(f"{where}: cannot evaluate {ast.unparse(node)!r} in {formula!r} (known names: "
+                         f"{', '.join(names) or 'none'})")
+
+    try:
+        return walk(ast.parse(formula, mode="eval").body)
+    except SyntaxError:
+        raise ValueError(f"{where}: {formula!r} is not a formula") from None
 
 
 def _task(task, kata_id: str) -> tuple[str, ...]:

@@ -21,6 +21,8 @@ SESSION = "session.json"
 HISTORY = "history.json"
 FOLDER = "sessions"
 NUMBER = re.compile(r"[-+]?(?:\d[\d_,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+TRIES = 3  # times an answer holding no readable number is asked for
+TYPO = "{line!r} is not one number I can read (write it like 122533 or 122,533, units after it are fine): try again"
 
 
 def _path(name: str) -> Path:
@@ -184,11 +186,17 @@ def followups(k: manifest.Kata) -> str:
 
 # -- quiz and history -----------------------------------------------------------------------
 def parse_number(text: str) -> float | None:
-    match = NUMBER.search(text or "")
-    if not match:
+    """The one number of an answer, or None when it is a typo to ask about again: no number,
+    several, or a malformed one ("122,53"). Units and words around it are fine ("0.5 GiB"), and so
+    are thousands separators, commas or underscores in groups of three ("122,533")."""
+    found = [m.group(0).rstrip(",_") for m in NUMBER.finditer(text or "")]
+    if len(found) != 1:
+        return None
+    head = re.match(r"[-+]?([\d,_]*)", found[0]).group(1)
+    if not re.fullmatch(r"\d*|\d{1,3}(,\d{3})+|\d{1,3}(_\d{3})+", head):
         return None
     try:
-        return float(match.group(0).replace(",", "").replace("_", ""))
+        return float(found[0].replace(",", "").replace("_", ""))
     except ValueError:
         return None
 
@@ -201,19 +209,36 @@ def right(f: manifest.FollowUp, answer: float | None) -> bool:
     return math.isclose(answer, f.value, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def _answer(ask, say, prompt: str) -> tuple[str | None, float | None]:
+    """(the line, its number): a line that holds no readable number is asked again, up to
+    ``TRIES`` times in all; (None, None) when the input ends."""
+    line = ask(prompt)
+    for _ in range(TRIES - 1):
+        if line is None or parse_number(line) is not None:
+            break
+        say(TYPO.format(line=line.strip()))
+        line = ask("> ")
+    return line, (None if line is None else parse_number(line))
+
+
 def quiz(k: manifest.Kata, ask, say) -> int:
     """Ask the numeric follow-ups of ``k``: ``ask(prompt)`` returns a line or None (no more input),
-    ``say(text)`` prints. Returns 0 when every answer is right."""
+    ``say(text)`` prints. An answer that is not one readable number is asked again, not marked
+    wrong; a wrong number is wrong. Returns 0 when every answer is right."""
     numeric = [f for f in k.followups if f.value is not None]
     if not numeric:
         say(f"kata {k.id} has no numeric follow-up questions.\n{followups(k)}")
         return 0
     score = 0
     for n, f in enumerate(numeric, start=1):
-        line = ask(f"question {n} of {len(numeric)}: {f.question}\n> ")
-        answer = parse_number(line) if line is not None else None
+        line, answer = _answer(ask, say, f"question {n} of {len(numeric)}: {f.question}\n> ")
         score += right(f, answer)
-        verdict = "right" if right(f, answer) else ("no answer" if line is None else f"not quite (you said {line.strip()!r})")
+        if line is None:
+            verdict = "no answer"
+        elif answer is None:
+            verdict = f"no number in {line.strip()!r}"
+        else:
+            verdict = "right" if right(f, answer) else f"not quite (you said {line.strip()!r})"
         say(f"{verdict}. {f.answer}\n")
     say(f"{score} of {len(numeric)} right.")
     return 0 if score == len(numeric) else 1

@@ -185,3 +185,57 @@ def test_corrupt_state_is_moved_aside_with_a_warning(repo):
     assert "moved it to" in out.stderr
     assert any(p.name.startswith("results.json.corrupt") for p in state.iterdir())
     assert not (state / "session.json").exists()
+
+
+# -- the quiz ----------------------------------------------------------------------------------
+def _quiz(kata, lines: list[str]) -> tuple[int, str]:
+    """Run the quiz of ``kata`` on these input lines; (exit code, everything it printed)."""
+    from grader import sessions
+
+    said, fed = [], iter(lines)
+
+    def ask(prompt):
+        said.append(prompt)
+        return next(fed, None)
+
+    code = sessions.quiz(kata, ask, said.append)
+    return code, "\n".join(said)
+
+
+def test_every_numeric_follow_up_states_its_value_in_its_answer():
+    from grader import sessions
+
+    for kata in KATAS:
+        for f in (f for f in kata.followups if f.value is not None):
+            stated = [sessions.parse_number(m.group(0)) for m in sessions.NUMBER.finditer(f.answer)]
+            close = [n for n in stated if n is not None and abs(n - f.value) <= max(1e-9, f.tolerance * abs(f.value))]
+            assert close, (kata.id, f.question, f.answer)
+
+
+def test_the_crossover_question_gives_the_numbers_its_answer_uses():
+    import math
+    import re
+
+    kata = manifest.get("04")
+    f = next(f for f in kata.followups if "Llama-3-8B" in f.question)
+    weights, per_token = (int(n.replace(",", "")) for n in re.findall(r"([\d,]+) bytes", f.question)[:2])
+    wanted = math.ceil(weights / per_token)  # "the fewest cached tokens whose cache is at least the weights"
+    assert f.value == wanted and f"{wanted:,}" in f.answer
+    numeric = [g for g in kata.followups if g.value is not None]
+    lines = ["0"] * len(numeric)
+    lines[numeric.index(f)] = f"{wanted:,}"
+    code, out = _quiz(kata, lines)
+    assert code == 1 and f"1 of {len(numeric)} right" in out and "try again" not in out, out
+
+
+def test_a_typo_is_asked_again_and_a_wrong_number_is_wrong():
+    kata = manifest.get("01")
+    numeric = [f for f in kata.followups if f.value is not None]
+    first = numeric[0]
+    code, out = _quiz(kata, ["3,6", "about 3, no 4", f"{first.value:g}"] + [f"{f.value:g}" for f in numeric[1:]])
+    assert code == 0 and f"{len(numeric)} of {len(numeric)} right" in out, out
+    assert out.count("try again") == 2
+    code, out = _quiz(kata, [f"{first.value + 1:g}"] + [f"{f.value:g}" for f in numeric[1:]])
+    assert code == 1 and "try again" not in out and f"{len(numeric) - 1} of {len(numeric)} right" in out
+    code, out = _quiz(kata, ["x", "y", "z"] + [f"{f.value:g}" for f in numeric[1:]])  # three typos: no answer
+    assert code == 1 and out.count("try again") == 2 and "no number in 'z'" in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ def test_notebooks_folder_is_up_to_date(tmp_path):
     written = notebooks.write(tmp_path)
     fresh = {p.name: p.read_bytes() for p in written}
     on_disk = {p.name: p.read_bytes() for p in (ROOT / "notebooks").glob("*.ipynb")}
-    hint = "run: python -m grader.notebooks"
+    hint = "run: kvkata notebooks"
     assert sorted(on_disk) == sorted(fresh), hint
     for name, data in fresh.items():
         assert on_disk[name] == data, f"notebooks/{name} is out of date; {hint}"
@@ -42,6 +43,8 @@ def test_notebook_layout(kata):
     assert nb.metadata.kernelspec == notebooks.KERNELSPEC
     first = nb.cells[0]
     assert first.cell_type == "markdown" and f"katas/{kata.id}" in first.source and "Generated" in first.source
+    command = re.search(r"by `([^`]+)`", first.source).group(1)  # the command the README gives for it
+    assert command == "kvkata notebooks" and f"`{command}`" in (ROOT / "README.md").read_text(), command
     assert len({c.id for c in nb.cells}) == len(nb.cells)
     for cell in nb.cells:
         if cell.cell_type == "code":
