@@ -28,8 +28,8 @@ DELEGATED = {"bench": "grader.bench", "notebooks": "grader.notebooks",  # subcom
 
 
 # -- the board ------------------------------------------------------------------------------
-def _saved() -> dict:
-    results = state.load_results()
+def _saved(name: str = state.RESULTS) -> dict:
+    results = state.load_results(name=name)
     return {k: v for k, v in results.items() if isinstance(v, dict)} if isinstance(results, dict) else {}
 
 
@@ -40,14 +40,23 @@ def _progress(saved: dict | None) -> str:
     return f"{saved['passed']}/{saved['total']} checks" + (" ✓" if done else "")
 
 
+def _notebook(saved: dict | None) -> str:
+    """The latest check cell of the kata's notebook, named as such; empty when there is none."""
+    progress = _progress(saved)
+    return "" if progress == "not started" else f"   (notebook: {progress.replace(' checks', '')})"
+
+
 def board() -> str:
+    """Every kata with the latest grading of its file; a notebook's check cell is shown apart."""
     results, katas = _saved(), list(manifest.load().values())
+    notebooks = _saved(state.NOTEBOOK_RESULTS)
     names = manifest.levels()
-    lines = ["KV-cache katas"]
+    lines = ["KV-cache katas (checks of your files, katas/NN; notebooks apart)" if notebooks else "KV-cache katas"]
     for level in sorted({k.level for k in katas}):
         lines.append(f"\nlevel {level} · {names.get(level, '')}".rstrip(" ·"))
         for k in (k for k in katas if k.level == level):
-            lines.append(f"  {k.id}  {k.title:<40} {k.minutes:>3} min   {_progress(results.get(k.id))}")
+            lines.append(f"  {k.id}  {k.title:<40} {k.minutes:>3} min   {_progress(results.get(k.id))}"
+                         + _notebook(notebooks.get(k.id)))
     pending = [k for k in katas if not _progress(results.get(k.id)).endswith("✓")]
     if pending:
         k = pending[0]

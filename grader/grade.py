@@ -115,8 +115,8 @@ def record(kata: manifest.Kata, results: list[Result], target_label: str, device
 
 
 def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> list[Result]:
-    """Grade names defined in a notebook, print a report and update the board (as ``kvkata check``
-    does); never raises for the learner's code."""
+    """Grade names defined in a notebook, print a report and note it on the board, next to (never
+    instead of) the results of the kata's file; never raises for the learner's code."""
     from grader import state
 
     kata = manifest.get(kata_id)
@@ -128,8 +128,10 @@ def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> lis
         mark = {"pass": "✓", "not-implemented": "·"}.get(r.status, "✗")
         print(f"{mark} {r.check.title}" + ("" if r.passed else f"\n  {r.message}"))
     print(summary(kata, results))
-    try:
-        state.save_results(record(kata, results, "notebook", picked))
+    if all(r.status == "not-implemented" for r in results):
+        return results  # an untouched notebook marks nothing on the board
+    try:  # kept apart from the file's results: the board shows both, each named
+        state.save_results(record(kata, results, "notebook", picked), name=state.NOTEBOOK_RESULTS)
     except OSError as exc:  # a read-only folder must not stop the notebook
         print(f"(the board was not updated: {exc})")
     return results

@@ -239,3 +239,39 @@ def test_a_typo_is_asked_again_and_a_wrong_number_is_wrong():
     assert code == 1 and "try again" not in out and f"{len(numeric) - 1} of {len(numeric)} right" in out
     code, out = _quiz(kata, ["x", "y", "z"] + [f"{f.value:g}" for f in numeric[1:]])  # three typos: no answer
     assert code == 1 and out.count("try again") == 2 and "no number in 'z'" in out
+
+
+# -- the board and the notebooks ---------------------------------------------------------------
+def _namespace(path: Path) -> dict:
+    namespace = {"__name__": "notebook"}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace
+
+
+def _board_line(kata_id: str) -> str:
+    from grader import cli
+
+    return next(line for line in cli.board().splitlines() if line.startswith(f"  {kata_id}  "))
+
+
+def test_the_board_keeps_a_notebooks_results_apart_from_the_files(tmp_path, monkeypatch):
+    from grader import grade, learner
+
+    monkeypatch.setenv("KVKATA_STATE", str(tmp_path / "state"))
+    kata = manifest.get("04")
+    grade.report_namespace(kata.id, _namespace(ROOT / kata.stub), device="cpu")  # an untouched notebook
+    assert _board_line(kata.id).endswith("not started"), _board_line(kata.id)
+
+    results = grade.grade(kata.id, "solution")
+    learner.save_results(kata, results, "cpu")  # the file passes, as `kvkata check 04` records it
+    total = len(results)
+    wrong = _namespace(ROOT / kata.solution)
+    wrong["kv_cache_bytes"] = lambda *args, **kwargs: 0
+    notebook = grade.report_namespace(kata.id, wrong, device="cpu")
+    passed = sum(r.passed for r in notebook)
+    assert 0 < passed < total
+    line = _board_line(kata.id)
+    assert f"{total}/{total} checks ✓" in line and f"notebook: {passed}/{total}" in line, line
+    from grader import cli
+
+    assert "notebooks apart" in cli.board().splitlines()[0]  # the board says which results it shows
