@@ -76,8 +76,8 @@ def start(k: manifest.Kata, minutes: int | None, abandon: bool) -> str:
     open_session = current()
     if open_session and not abandon:
         raise UsageError(f"an interview session is open (kata {open_session['kata']}, started "
-                         f"{open_session.get('started', '?')}): finish it with `kvkata submit`, or start "
-                         "a new one with `kvkata interview ... --abandon`")
+                         f"{open_session.get('started', '?')}, {time_left(open_session)}): finish it with "
+                         "`kvkata submit`, or start a new one with `kvkata interview ... --abandon`")
     if minutes is not None and minutes <= 0:
         raise UsageError(f"--minutes: expected a positive number of minutes, got {minutes}")
     stub, _ = learner.pristine_stub(k)
@@ -91,12 +91,49 @@ def start(k: manifest.Kata, minutes: int | None, abandon: bool) -> str:
     state.write_atomic(folder / k.file, stub.encode("utf-8"))
     readme = manifest.REPO_ROOT / k.readme
     if readme.is_file():
-        shutil.copyfile(readme, folder / "README.md")
+        text = session_readme(readme.read_text(encoding="utf-8"), folder / k.file)
+        state.write_atomic(folder / "README.md", text.encode("utf-8"))
     session = {"id": session_id, "kata": k.id, "dir": str(folder), "file": str(folder / k.file),
                "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)), "started_epoch": now,
                "minutes": minutes or k.minutes, "hints_used": 0}
     state.write_json(_path(SESSION), session)
     return "\n".join(notes + [brief(k, session)])
+
+
+def session_readme(text: str, file: Path) -> str:
+    """The kata's README for a session: its commands grade the session's file, not ``katas/NN``."""
+    run = ("```bash\n"
+           f"kvkata check               # grade your file, {file}; the session stays open\n"
+           "kvkata hint                # a nudge when stuck (counted in the session)\n"
+           "kvkata submit              # grade it a last time, record the time, close the session\n"
+           "```")
+    text = re.sub(r"(?ms)(^## Run it\s*\n\s*)```.*?```", lambda m: m.group(1) + run, text, count=1)
+    note = (f"> Interview session: your file is `{file}`. `kvkata check` grades it and shows the time "
+            "left; `kvkata submit` ends the session.\n\n")
+    head, _, rest = text.partition("\n")
+    return f"{head}\n\n{note}{rest.lstrip()}" if head.startswith("# ") else note + text
+
+
+def time_left(session: dict, now: float | None = None) -> str:
+    """``12:34 left of 30:00``, or ``3:05 over the 30:00`` once the time is up."""
+    limit = 60 * float(session["minutes"])
+    left = float(session["started_epoch"]) + limit - (time.time() if now is None else now)
+    whole = f"{int(limit // 60)}:{int(limit % 60):02d}"
+    seconds = int(abs(left))
+    return (f"{seconds // 60}:{seconds % 60:02d} left of {whole}" if left >= 0
+            else f"{seconds // 60}:{seconds % 60:02d} over the {whole}")
+
+
+def check(session: dict, device: str = "cpu", seed: int = 0, timeout: float | None = None) -> tuple[str, int]:
+    """Grade the open session's file without closing the session; the text to print and the exit code."""
+    from grader import grade
+
+    k = learner.kata(session["kata"])
+    results = learner.grade_file(k, session["file"], device=device, seed=seed, timeout=timeout)
+    lines = [f"interview session {session['id']} · kata {k.id} · {session['file']}"]
+    lines += learner.result_lines(results) + ["", grade.summary(k, results),
+                                              f"time: {time_left(session)} — finish with `kvkata submit`"]
+    return "\n".join(lines), int(not all(r.passed for r in results))
 
 
 def _abandon(session: dict) -> str:
@@ -116,6 +153,7 @@ def brief(k: manifest.Kata, session: dict) -> str:
             f"{_goal(Path(session['dir']) / 'README.md')}tasks:\n{tasks}\n\n"
             f"the brief:         {Path(session['dir']) / 'README.md'}\n"
             f"edit this file:    {session['file']}\n"
+            f"check it:          kvkata check       (as often as you like; it shows the time left)\n"
             f"when you are done: kvkata submit      (a hint, counted: kvkata hint)")
 
 

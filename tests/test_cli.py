@@ -275,3 +275,30 @@ def test_the_board_keeps_a_notebooks_results_apart_from_the_files(tmp_path, monk
     from grader import cli
 
     assert "notebooks apart" in cli.board().splitlines()[0]  # the board says which results it shows
+
+
+def test_a_candidate_checks_the_session_file_before_submitting(repo):
+    kata = K01
+    shutil.copyfile(repo / kata.solution, repo / kata.stub)  # katas/01 passes: a check of it proves nothing here
+    started = kvkata(repo, "interview", "--kata", kata.id, "--minutes", "30")
+    assert started.returncode == 0, started.stderr
+    file = Path(next(l for l in started.stdout.splitlines() if l.startswith("edit this file:")).split(":", 1)[1].strip())
+    brief = (file.parent / "README.md").read_text()
+    assert f"pytest katas/{kata.id}" not in brief and "kvkata check" in brief and str(file) in brief, brief
+    assert "kvkata check" in started.stdout
+
+    for command in (("check",), ("check", kata.id)):  # the session file is still the untouched stub
+        wrong = kvkata(repo, *command, "--device", "cpu")
+        assert wrong.returncode == 1 and str(file) in wrong.stdout, wrong.stdout + wrong.stderr
+        assert f"kata {kata.id}: 0/" in wrong.stdout and "left of 30:00" in wrong.stdout, wrong.stdout
+    shutil.copyfile(repo / kata.solution, file)
+    right = kvkata(repo, "check", "--device", "cpu")
+    assert right.returncode == 0 and "checks pass — well done" in right.stdout, right.stdout + right.stderr
+    assert "left of 30:00" in kvkata(repo).stdout  # the board shows the time left too
+    assert (repo / ".kvkata" / "session.json").is_file(), "checking closed the session"
+
+    submitted = kvkata(repo, "submit", "--device", "cpu")
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    assert not (repo / ".kvkata" / "session.json").exists()
+    history = json.loads(kvkata(repo, "history", "--json").stdout)
+    assert history[-1]["passed"] == history[-1]["total"] and history[-1]["status"] == "submitted"
