@@ -1,0 +1,81 @@
+"""``kvkata bench``: when a timing can be trusted.
+
+Every timed figure of the bench is the median of a few repeats. On a quiet machine the repeats
+agree to within a few tens of percent; on a busy one (other programs running, or fewer free
+cores than torch has threads, so each small operation waits for a thread the system has given
+to someone else) they scatter by factors, and their median can draw a false picture, such as
+concatenation costing the same at 256 and at 4,096 cached tokens. So each figure carries the
+spread of its repeats, and a figure whose repeats disagree too much is flagged, never printed
+as a result, and never judged against a target.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+SPREAD_LIMIT = 0.5  # (upper quartile - lower quartile) / median above this: the repeats disagree
+MIN_REPEATS = 3  # fewer repeats than this give no spread, so the figure cannot be judged
+
+MISS_MEANS = ("ok / MISS: whether this run shows the effect a target names, at these sizes on this machine, from "
+              "figures whose repeats agree. A MISS is a measurement, not a fault in your code (the bench runs "
+              "the reference solutions): a GPU, other --threads or the full run (without --quick) move the ratios.")
+NOISY_MEANS = ("NOISY marks a figure whose repeats spread by more than {limit:.0%} of their median (the "
+               "spread is shown): the machine was busy{load}, so it is noise, not a result. Close other "
+               "programs (or pass --threads 1) and run again.")
+
+
+def spread(times) -> float | None:
+    """The spread of repeated timings, (upper quartile - lower quartile) / median; None when
+    there are fewer than ``MIN_REPEATS`` of them or the median is not positive."""
+    times = [float(t) for t in times]
+    if len(times) < MIN_REPEATS:
+        return None
+    median = statistics.median(times)
+    if median <= 0:
+        return None
+    lower, _, upper = statistics.quantiles(times, n=4, method="inclusive")
+    return (upper - lower) / median
+
+
+def noisy(times) -> bool:
+    """Whether repeated timings disagree too much to be a result (or are too few to tell)."""
+    value = spread(times)
+    return value is None or value > SPREAD_LIMIT
+
+
+def figure(times) -> dict:
+    """The median of repeated timings with what it takes to trust it: ``{"median", "spread", "noisy"}``."""
+    value = spread(times)
+    return {"median": statistics.median(times), "spread": None if value is None else round(value, 3),
+            "noisy": noisy(times)}
+
+
+def mark(noisy_figure: bool, value: float | None) -> str:
+    """What a progress line adds to a figure: nothing, or `` [NOISY: repeats spread 240%]``."""
+    if not noisy_figure:
+        return ""
+    return " [NOISY: too few repeats to tell]" if value is None else f" [NOISY: repeats spread {value:.0%}]"
+
+
+def verdict(line: str, value: float, ok: bool, inputs_noisy: bool) -> str:
+    """One target line: ``ok``, ``MISS`` or, when a figure it divides is noisy, ``NOISY`` (not judged)."""
+    if inputs_noisy:
+        return f"NOISY {line}: {value:.2f} — not judged, a figure it uses is noise (see below)"
+    return f"{'ok  ' if ok else 'MISS'} {line}: {value:.2f}"
+
+
+def load() -> str:
+    """``, load average 7.9 on 2 cores`` where the system tells it, else an empty string."""
+    try:
+        one_minute = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return ""
+    return f", load average {one_minute:.1f} on {os.cpu_count() or 1} cores"
+
+
+def notes(flagged: int, judged_targets: bool = True) -> list[str]:
+    """What the verdicts mean, printed after them; the NOISY line only when something was flagged."""
+    lines = [MISS_MEANS] if judged_targets else []
+    if flagged:
+        lines.append(f"{flagged} figure(s) flagged. " + NOISY_MEANS.format(limit=SPREAD_LIMIT, load=load()))
+    return lines
