@@ -68,15 +68,9 @@ def _sync(device: torch.device) -> None:
 
 
 def _timed_us(fn, repeats: int, device: torch.device) -> dict:
-    """``fn`` run ``repeats`` times: the median in µs with the spread of the repeats (bench_noise.figure)."""
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e6)
-    return bench_noise.figure(times)
+    """``fn`` run ``repeats`` times: the median in µs, with what it takes to trust it (bench_noise)."""
+    timing, _ = bench_noise.repeat(fn, repeats, lambda: _sync(device), on_cpu=device.type == "cpu")
+    return {**timing, "median": timing["median"] * 1e6}
 
 
 # -- 1. append ------------------------------------------------------------------------------
@@ -140,12 +134,12 @@ def bench_append(lengths: list[int], steps: int, device: torch.device, progress:
             alone, attending = _timed_us(step, steps, device), _timed_us(step_and_attend, steps, device)
             row = {"cache": name, "tokens": tokens, "step_us": round(alone["median"], 2),
                    "attend_us": round(attending["median"], 2), "step_spread": alone["spread"],
-                   "attend_spread": attending["spread"], "noisy": alone["noisy"] or attending["noisy"]}
+                   "attend_spread": attending["spread"], "cpu_share": alone["cpu_share"],
+                   "noisy": alone["noisy"] or attending["noisy"]}
             rows.append(row)
             progress.step(f"append {name:>12} at {tokens:>6} tokens",
-                          f"{row['step_us']:9.1f} µs append{bench_noise.mark(alone['noisy'], alone['spread'])}, "
-                          f"{row['attend_us']:9.1f} µs with attention"
-                          f"{bench_noise.mark(attending['noisy'], attending['spread'])}")
+                          f"{row['step_us']:9.1f} µs append{bench_noise.mark(alone)}, "
+                          f"{row['attend_us']:9.1f} µs with attention{bench_noise.mark(attending)}")
     return rows
 
 
@@ -230,18 +224,11 @@ def bench_generate(batches: list[int], device: torch.device, progress: Progress,
         prompts = _prompts(batch, GENERATE_CONFIG["vocab_size"])
         for name, run in impls.items():
             run(prompts)  # warm up with the real batch: first allocations are not timed
-            times = []
-            for _ in range(repeats):
-                _sync(device)
-                start = time.perf_counter()
-                run(prompts)
-                _sync(device)
-                times.append(time.perf_counter() - start)
-            timing = bench_noise.figure(times)
+            timing, _ = bench_noise.repeat(lambda: run(prompts), repeats, lambda: _sync(device), device.type == "cpu")
             rows.append({"impl": name, "batch": batch, "tokens_per_s": round(batch * new_tokens / timing["median"], 1),
-                         "spread": timing["spread"], "noisy": timing["noisy"]})
+                         "spread": timing["spread"], "cpu_share": timing["cpu_share"], "noisy": timing["noisy"]})
             progress.step(f"generate {name:>9} batch {batch:>2}", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s"
-                          + bench_noise.mark(timing["noisy"], timing["spread"]))
+                          + bench_noise.mark(timing))
     if hf is None:
         progress.step("generate hf", "skipped: transformers is not installed (pip install transformers)")
     return rows

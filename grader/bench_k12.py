@@ -9,7 +9,6 @@ is kata 08's cached loop at batch 1. Everything runs the reference solutions.
 """
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -49,16 +48,9 @@ def steps() -> int:
 
 def _timed(run, repeats: int, device: torch.device):
     """(bench_noise.figure of the seconds, last result) of ``run()`` after one warm-up call."""
-    result, times = run(), []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        result = run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return bench_noise.figure(times), result
+    run()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    return bench_noise.repeat(run, repeats, sync, on_cpu=device.type == "cpu")
 
 
 def bench_speculative(device: torch.device, progress, quick: bool, new_tokens: int | None = None,
@@ -75,18 +67,19 @@ def bench_speculative(device: torch.device, progress, quick: bool, new_tokens: i
     plain = rows[0]
     out = [{"decoder": "plain", "draft": None, "k": None, "tokens_per_s": round(N / timing["median"], 1),
             "target_forwards_per_token": 1.0, "acceptance": None, "same_tokens": True,
-            "spread": timing["spread"], "noisy": timing["noisy"]}]
+            "spread": timing["spread"], "cpu_share": timing["cpu_share"], "noisy": timing["noisy"]}]
     progress.step("speculative plain greedy", f"{out[-1]['tokens_per_s']:9.1f} tokens/s"
-                  f"{bench_noise.mark(timing['noisy'], timing['spread'])}, 1.00 target forwards/token")
+                  f"{bench_noise.mark(timing)}, 1.00 target forwards/token")
     for name, draft in drafts.items():
         timing, (tokens, stats) = _timed(lambda: speculate(target, draft, prompt, N, k), repeats, device)
         out.append({"decoder": "speculative", "draft": name, "k": k, "tokens_per_s": round(N / timing["median"], 1),
                     "target_forwards_per_token": round(stats["target_forwards"] / N, 3),
                     "acceptance": round(stats["accepted"] / max(stats["proposed"], 1), 3),
-                    "same_tokens": tokens == plain, "spread": timing["spread"], "noisy": timing["noisy"]})
+                    "same_tokens": tokens == plain, "spread": timing["spread"], "cpu_share": timing["cpu_share"],
+                    "noisy": timing["noisy"]})
         row = out[-1]
         progress.step(f"speculative k={k} {name:>9} draft",
-                      f"{row['tokens_per_s']:9.1f} tokens/s{bench_noise.mark(timing['noisy'], timing['spread'])}, "
+                      f"{row['tokens_per_s']:9.1f} tokens/s{bench_noise.mark(timing)}, "
                       f"{row['target_forwards_per_token']:.2f} target forwards/token, "
                       f"acceptance {row['acceptance']:.2f}, same tokens as plain: {row['same_tokens']}")
     return out

@@ -87,7 +87,7 @@ def _summary(name, timing: dict, work, first, last, extra=None) -> dict:
     return {"impl": name, "requests": len(work), "tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 1), "mean_ttft_steps": round(statistics.mean(ttft), 1),
             "mean_latency_steps": round(statistics.mean(latency), 1), "max_latency_steps": max(latency),
-            "spread": timing["spread"], "noisy": timing["noisy"], **(extra or {})}
+            "spread": timing["spread"], "cpu_share": timing["cpu_share"], "noisy": timing["noisy"], **(extra or {})}
 
 
 def steps() -> int:
@@ -108,12 +108,8 @@ def bench_serving(device: torch.device, progress, quick: bool, n_requests: int |
     limits = {"num_blocks": 24 if quick else 64, "block_size": 16, "max_num_seqs": batch,
               "max_num_batched_tokens": max(256, longest)}
     ns["13"]["serve"](model, work[:2], **limits)  # warm-up: first allocations are not timed
-    times = []
-    for _ in range(bench_noise.MIN_REPEATS):
-        began = time.perf_counter()
-        ns["13"]["serve"](model, work, **limits)
-        times.append(time.perf_counter() - began)
-    timing = bench_noise.figure(times)
+    timing, _ = bench_noise.repeat(lambda: ns["13"]["serve"](model, work, **limits), bench_noise.MIN_REPEATS,
+                                   on_cpu=device.type == "cpu")
     line = _timeline(ns["13"]["Scheduler"], work, limits)
     used = line["used"]
     rows = [_summary("serve", timing, work, line["first"], line["last"],
@@ -121,15 +117,17 @@ def bench_serving(device: torch.device, progress, quick: bool, n_requests: int |
                       "peak_blocks": max(used), "mean_blocks": round(statistics.mean(used), 1),
                       "blocks_over_time": used})]
     progress.step("serving  continuous", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s"
-                  f"{bench_noise.mark(timing['noisy'], timing['spread'])}, ttft "
+                  f"{bench_noise.mark(timing)}, ttft "
                   f"{rows[-1]['mean_ttft_steps']} steps, {line['preempted']} preemptions")
     ns["08"]["generate"](model, [p for _, p, _, _ in work[:2]], 2)
+    cpu, wall = time.process_time(), time.perf_counter()
     runs = [_static(ns["08"]["generate"], model, work, batch) for _ in range(bench_noise.MIN_REPEATS)]
-    timing = bench_noise.figure([seconds for seconds, _, _ in runs])
+    share = (time.process_time() - cpu) / (time.perf_counter() - wall) if device.type == "cpu" else None
+    timing = bench_noise.figure([seconds for seconds, _, _ in runs], share)
     _, first, last = runs[-1]
     rows.append(_summary("static", timing, work, first, last))
     progress.step("serving  static batches", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s"
-                  f"{bench_noise.mark(timing['noisy'], timing['spread'])}, ttft {rows[-1]['mean_ttft_steps']} steps")
+                  f"{bench_noise.mark(timing)}, ttft {rows[-1]['mean_ttft_steps']} steps")
     return rows
 
 

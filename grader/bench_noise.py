@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 
 SPREAD_LIMIT = 0.5  # (upper quartile - lower quartile) / median above this: the repeats disagree
+SHARE_LIMIT = 0.6  # CPU time / wall time of the repeats below this: the process mostly waited for a core
 MIN_REPEATS = 3  # fewer repeats than this give no spread, so the figure cannot be judged
 
 MISS_MEANS = ("ok / MISS: whether this run shows the effect a target names, at these sizes on this machine, from "
               "figures whose repeats agree. A MISS is a measurement, not a fault in your code (the bench runs "
               "the reference solutions): a GPU, other --threads or the full run (without --quick) move the ratios.")
-NOISY_MEANS = ("NOISY marks a figure whose repeats spread by more than {limit:.0%} of their median (the "
-               "spread is shown): the machine was busy{load}, so it is noise, not a result. Close other "
-               "programs (or pass --threads 1) and run again.")
+NOISY_MEANS = ("NOISY marks a figure whose repeats spread by more than {limit:.0%} of their median, or "
+               "whose process had a core for less than {share:.0%} of the time it measured (both are shown): "
+               "the machine was busy{load}, so the figure is noise, not a result. Close other programs (or "
+               "pass --threads 1) and run again.")
 
 
 def spread(times) -> float | None:
@@ -37,24 +40,50 @@ def spread(times) -> float | None:
     return (upper - lower) / median
 
 
-def noisy(times) -> bool:
-    """Whether repeated timings disagree too much to be a result (or are too few to tell)."""
+def noisy(times, cpu_share: float | None = None) -> bool:
+    """Whether repeated timings are no result: they disagree, they are too few to tell, or the
+    process had a core for too little of the time (``cpu_share``: CPU time / wall time, on a CPU)."""
     value = spread(times)
-    return value is None or value > SPREAD_LIMIT
+    return value is None or value > SPREAD_LIMIT or (cpu_share is not None and cpu_share < SHARE_LIMIT)
 
 
-def figure(times) -> dict:
-    """The median of repeated timings with what it takes to trust it: ``{"median", "spread", "noisy"}``."""
+def figure(times, cpu_share: float | None = None) -> dict:
+    """The median of repeated timings with what it takes to trust it:
+    ``{"median", "spread", "cpu_share", "noisy"}``."""
     value = spread(times)
     return {"median": statistics.median(times), "spread": None if value is None else round(value, 3),
-            "noisy": noisy(times)}
+            "cpu_share": None if cpu_share is None else round(cpu_share, 3), "noisy": noisy(times, cpu_share)}
 
 
-def mark(noisy_figure: bool, value: float | None) -> str:
+def repeat(fn, repeats: int, sync=None, on_cpu: bool = True) -> tuple[dict, object]:
+    """``fn()`` timed ``repeats`` times (``sync()`` before and after each, e.g. a CUDA synchronize):
+    the ``figure`` in seconds, with the CPU share when the work runs ``on_cpu``, and the last result."""
+    times, result = [], None
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(repeats):
+        if sync:
+            sync()
+        start = time.perf_counter()
+        result = fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - start)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return figure(times, cpu / wall if on_cpu and wall > 0 else None), result
+
+
+def mark(timing: dict) -> str:
     """What a progress line adds to a figure: nothing, or `` [NOISY: repeats spread 240%]``."""
-    if not noisy_figure:
+    if not timing["noisy"]:
         return ""
-    return " [NOISY: too few repeats to tell]" if value is None else f" [NOISY: repeats spread {value:.0%}]"
+    why = []
+    if timing["spread"] is None:
+        why.append("too few repeats to tell")
+    elif timing["spread"] > SPREAD_LIMIT:
+        why.append(f"repeats spread {timing['spread']:.0%}")
+    if timing.get("cpu_share") is not None and timing["cpu_share"] < SHARE_LIMIT:
+        why.append(f"had a core {timing['cpu_share']:.0%} of the time")
+    return f" [NOISY: {', '.join(why)}]"
 
 
 def verdict(line: str, value: float, ok: bool, inputs_noisy: bool) -> str:
@@ -77,5 +106,6 @@ def notes(flagged: int, judged_targets: bool = True) -> list[str]:
     """What the verdicts mean, printed after them; the NOISY line only when something was flagged."""
     lines = [MISS_MEANS] if judged_targets else []
     if flagged:
-        lines.append(f"{flagged} figure(s) flagged. " + NOISY_MEANS.format(limit=SPREAD_LIMIT, load=load()))
+        lines.append(f"{flagged} figure(s) flagged. " + NOISY_MEANS.format(limit=SPREAD_LIMIT, share=SHARE_LIMIT,
+                                                                          load=load()))
     return lines

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import random
 import re
-import shutil
 import sys
 import time
 from pathlib import Path

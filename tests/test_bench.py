@@ -75,7 +75,28 @@ def test_repeats_that_disagree_are_flagged_and_agreeing_ones_are_not():
     assert not bench_noise.noisy(QUIET) and not bench_noise.figure(QUIET)["noisy"]
     assert bench_noise.noisy(BUSY) and bench_noise.figure(BUSY)["spread"] > bench_noise.SPREAD_LIMIT
     assert bench_noise.noisy([5.0, 6.0])  # a figure of two runs cannot be trusted either
-    assert "NOISY" in bench_noise.mark(True, 2.4) and bench_noise.mark(False, 0.1) == ""
+    assert "repeats spread" in bench_noise.mark(bench_noise.figure(BUSY))
+    assert bench_noise.mark(bench_noise.figure(QUIET)) == ""
+
+
+def test_a_process_that_waited_for_a_core_is_flagged_even_when_its_repeats_agree():
+    from grader import bench_noise
+
+    # every repeat equally slow: the process had a core a tenth of the time it measured
+    timing = bench_noise.figure(QUIET, cpu_share=0.1)
+    assert timing["noisy"] and "had a core 10% of the time" in bench_noise.mark(timing)
+    assert not bench_noise.figure(QUIET, cpu_share=0.97)["noisy"]
+    assert not bench_noise.figure(QUIET, cpu_share=1.9)["noisy"]  # two threads busy on two cores
+
+
+def test_repeat_times_every_call_and_measures_the_cpu_share():
+    from grader import bench_noise
+
+    calls = []
+    timing, last = bench_noise.repeat(lambda: calls.append(1) or len(calls), 5)
+    assert calls == [1] * 5 and last == 5 and timing["cpu_share"] is not None and timing["median"] >= 0
+    timing, _ = bench_noise.repeat(lambda: None, 3, on_cpu=False)
+    assert timing["cpu_share"] is None
 
 
 def _append_rows(concat: tuple[float, float], noisy: bool) -> list[dict]:
