@@ -419,7 +419,8 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvkata bench", description="Measure the costs of caching on this machine.")
     parser.add_argument("--quick", action="store_true", help="smaller sizes; about a minute on 2 quiet CPU cores")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where to measure (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch (default 2)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw append cost and throughput (needs matplotlib)")

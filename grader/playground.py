@@ -18,6 +18,12 @@ from grader import manifest, targets
 from grader.errors import UsageError
 
 
+DESCRIPTION = ("Run a generate loop, yours (kata 08) or the reference, on a Llama-family checkpoint on your "
+               "disk, and see it work on real weights.")
+EPILOG = ("Prompts are token ids (--prompt-ids '[[1, 2, 3]]'), or text when the folder holds a tokenizer.json "
+          "and the tokenizers package is installed (--prompt 'Once upon a time').")
+
+
 def _prompt_ids(text: str) -> list[list[int]]:
     try:
         prompts = json.loads(text)
@@ -52,17 +58,18 @@ def _loop(spec: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kvkata generate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="kvkata generate", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("folder", type=Path, help="a checkpoint folder: config.json and *.safetensors")
     given = p.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt-ids", help="JSON list of prompts, each a list of token ids")
     given.add_argument("--prompt", action="append", help="a text prompt (repeat for a batch); needs tokenizer.json")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 picks the likeliest token (default); above 0 samples")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
-    p.add_argument("--eos-token-id", type=int, default=None)
+    p.add_argument("--eos-token-id", type=int, default=None, help="a token id that ends a prompt's output (default: none)")
     p.add_argument("--loop", default="stub", help="whose loop: stub (your katas/08 file, default), solution, or a PATH")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where to run it (default: cuda when torch sees a GPU, else cpu)")
     args = p.parse_args(argv)
     try:
         return _run(args)

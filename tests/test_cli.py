@@ -4,6 +4,7 @@ Kata 01 is the worked example; everything else is read from the manifest."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -302,3 +303,33 @@ def test_a_candidate_checks_the_session_file_before_submitting(repo):
     assert not (repo / ".kvkata" / "session.json").exists()
     history = json.loads(kvkata(repo, "history", "--json").stdout)
     assert history[-1]["passed"] == history[-1]["total"] and history[-1]["status"] == "submitted"
+
+
+# -- help texts ----------------------------------------------------------------------------------
+def _options_without_help(text: str) -> list[str]:
+    """The options of an argparse help text that carry no explanation."""
+    lines, missing = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if re.match(r"  -", line):
+            same_line = re.match(r"  \S.*?\s{2,}\S", line)
+            next_line = i + 1 < len(lines) and re.match(r" {10,}\S", lines[i + 1])
+            if not (same_line or next_line):
+                missing.append(line.strip())
+    return missing
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import argparse
+
+    from grader import cli
+
+    subcommands = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in subcommands.items():
+        silent = [a.option_strings or a.dest for a in sub._actions if a.help is None]
+        assert not silent, f"kvkata {name}: {silent} have no help"
+    for name in cli.DELEGATED:
+        shown = kvkata(ROOT, name, "--help")
+        assert shown.returncode == 0 and "``" not in shown.stdout, shown.stdout
+        description = shown.stdout.split("\n\n")[1]  # after the usage lines
+        assert description.rstrip().endswith("."), f"kvkata {name} --help: {description!r} is cut"
+        assert not _options_without_help(shown.stdout), (name, _options_without_help(shown.stdout))
