@@ -126,3 +126,33 @@ def test_start_with_task_never_points_past_an_earlier_failing_task(kata):
     results = [Result(c, "fail") for c in [latest, earliest]]  # the later task's check fails first
     line = grade.summary(kata, results)
     assert f"start with task {_readme_number(kata, earliest.uses)}, {earliest.uses}" in line, line
+
+
+def _learner_strings(path):
+    """Every string a check or a known mistake can show the learner: its literals, f-strings
+    included, but not its docstrings and comments."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_checks_speak_of_what_the_learner_reads():
+    """A learner reads the kata README, never the project's SPEC: no title or message cites it."""
+    for kata in KATAS:
+        assert not [c.title for c in checks.for_kata(kata.id).all if "SPEC" in c.title], kata.id
+    for path in sorted((ROOT / "grader" / "checks").glob("*.py")) + sorted((ROOT / "grader" / "mistakes").glob("*.py")):
+        cited = [s for s in _learner_strings(path) if "SPEC" in s]
+        assert not cited, f"{path.name}: {cited}"
+
+
+def test_a_growth_failure_names_the_chunk_and_its_length_plainly():
+    built = dict((m.name, t) for m, t in mistakes.load("01"))
+    results = grade.grade("01", built["concatenating on the head axis"])
+    message = next(r.message for r in results if r.check.id == "append_kv_grows")
+    assert re.search(r"after appending chunk \d+ \(\d+ tokens?\)", message), message
+    assert "token(s)" not in message and not re.search(r"chunk \d+ of \d+", message), message
