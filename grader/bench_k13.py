@@ -122,7 +122,8 @@ def bench_serving(device: torch.device, progress, quick: bool, n_requests: int |
     ns["08"]["generate"](model, [p for _, p, _, _ in work[:2]], 2)
     cpu, wall = time.process_time(), time.perf_counter()
     runs = [_static(ns["08"]["generate"], model, work, batch) for _ in range(bench_noise.MIN_REPEATS)]
-    share = (time.process_time() - cpu) / (time.perf_counter() - wall) if device.type == "cpu" else None
+    wall = time.perf_counter() - wall
+    share = (time.process_time() - cpu) / wall if device.type == "cpu" and bench_noise.measurable(wall) else None
     timing = bench_noise.figure([seconds for seconds, _, _ in runs], share)
     _, first, last = runs[-1]
     rows.append(_summary("static", timing, work, first, last))

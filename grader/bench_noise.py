@@ -69,7 +69,13 @@ def repeat(fn, repeats: int, sync=None, on_cpu: bool = True) -> tuple[dict, obje
             sync()
         times.append(time.perf_counter() - start)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return figure(times, cpu / wall if on_cpu and wall > 0 else None), result
+    return figure(times, cpu / wall if on_cpu and measurable(wall) else None), result
+
+
+def measurable(wall: float) -> bool:
+    """Whether the process clock can tell a CPU share over ``wall`` seconds (its tick is coarse on
+    some systems: then only windows of many ticks count)."""
+    return wall > 0 and time.get_clock_info("process_time").resolution * 20 <= wall
 
 
 def mark(timing: dict) -> str:
