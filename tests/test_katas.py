@@ -156,3 +156,11 @@ def test_a_growth_failure_names_the_chunk_and_its_length_plainly():
     message = next(r.message for r in results if r.check.id == "append_kv_grows")
     assert re.search(r"after appending chunk \d+ \(\d+ tokens?\)", message), message
     assert "token(s)" not in message and not re.search(r"chunk \d+ of \d+", message), message
+
+
+@pytest.mark.parametrize("kata", KATAS, ids=IDS)
+def test_the_stubs_task_numbers_are_the_readmes(kata):
+    said = re.findall(r'"kata \d+: ([\w.]+) — see README, task (\d+)"', (ROOT / kata.stub).read_text())
+    assert said, "the stub names no task"
+    for name, number in said:
+        assert int(number) == _readme_number(kata, name), (name, number)
