@@ -421,15 +421,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes; about a minute on 2 quiet CPU cores")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where to measure (default: cuda when torch sees a GPU, else cpu)")
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch (default 2)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default 2, or 1 when "
+                        "other programs already keep the cores busy)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw append cost and throughput (needs matplotlib)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
-    if args.threads < 1:
+    if args.threads is not None and args.threads < 1:
         parser.error(f"--threads: expected a positive number, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    threads, note = bench_noise.threads(args.threads, *bench_noise.busy())
+    if note:
+        print(note, file=sys.stderr)
+    torch.set_num_threads(threads)
     result = run(args.quick, torch.device(args.device))
     print(json.dumps(result["machine"]))
     for line in result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"]):

@@ -108,6 +108,30 @@ def load() -> str:
     return f", load average {one_minute:.1f} on {os.cpu_count() or 1} cores"
 
 
+DEFAULT_THREADS = 2
+
+
+def busy() -> tuple[float | None, int]:
+    """(the one-minute load average, or None where the system does not tell it; the cores)."""
+    try:
+        return os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):
+        return None, os.cpu_count() or 1
+
+
+def threads(asked: int | None, load: float | None, cores: int) -> tuple[int, str]:
+    """Torch threads for the bench and a note to print: ``asked`` when given; else 2, or 1 when
+    other programs leave fewer free cores than that (each small operation would wait for a thread
+    the system runs elsewhere: a run of minutes becomes one of a quarter of an hour)."""
+    if asked is not None:
+        return asked, ""
+    free = cores if load is None else cores - load
+    if free >= DEFAULT_THREADS - 0.5:  # half a core of background work is a quiet machine
+        return DEFAULT_THREADS, ""
+    return 1, (f"kvkata bench: the machine is busy (load average {load:.1f} on {cores} cores): timing with 1 "
+               f"thread; --threads {DEFAULT_THREADS} insists")
+
+
 def notes(flagged: int, judged_targets: bool = True) -> list[str]:
     """What the verdicts mean, printed after them; the NOISY line only when something was flagged."""
     lines = [MISS_MEANS] if judged_targets else []

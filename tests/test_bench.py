@@ -165,3 +165,14 @@ def test_the_progress_total_is_known_before_the_first_line_and_never_changes(mon
               new_tokens=4, hf=False, speculative_tokens=6, serving_requests=4)
     (progress,) = made
     assert progress.done == progress.total == progress.first_total
+
+
+def test_a_busy_machine_gets_one_thread_unless_asked_otherwise():
+    from grader import bench_noise
+
+    assert bench_noise.threads(None, 0.3, 2) == (2, "")  # quiet: two threads
+    threads, note = bench_noise.threads(None, 8.8, 2)
+    assert threads == 1 and "busy" in note and "load average 8.8 on 2 cores" in note and "--threads 2" in note
+    assert bench_noise.threads(3, 8.8, 2) == (3, "")  # asked for: as asked
+    assert bench_noise.threads(None, None, 4) == (2, "")  # no load average on this system
+    assert bench_noise.threads(None, 1.5, 2)[0] == 1 and bench_noise.threads(None, 1.5, 8)[0] == 2
