@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result["machine"]))
     for line in result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"]):
         print(line)
-    for line in bench_noise.notes(flagged(result)):
+    for line in bench_noise.notes(flagged(result), torch.get_num_threads()):
         print(line)
     for line in bench_k09.summary(result["quantized"]):
         print(line)

@@ -23,8 +23,8 @@ MISS_MEANS = ("ok / MISS: whether this run shows the effect a target names, at t
               "the reference solutions): a GPU, other --threads or the full run (without --quick) move the ratios.")
 NOISY_MEANS = ("NOISY marks a figure whose repeats spread by more than {limit:.0%} of their median, or "
                "whose process had a core for less than {share:.0%} of the time it measured (both are shown): "
-               "the machine was busy{load}, so the figure is noise, not a result. Close other programs (or "
-               "pass --threads 1) and run again.")
+               "the machine was busy{load}, so the figure is noise, not a result. Close other programs{fewer} "
+               "and run again.")
 
 
 def spread(times) -> float | None:
@@ -132,10 +132,11 @@ def threads(asked: int | None, load: float | None, cores: int) -> tuple[int, str
                f"thread; --threads {DEFAULT_THREADS} insists")
 
 
-def notes(flagged: int, judged_targets: bool = True) -> list[str]:
+def notes(flagged: int, threads: int = 1) -> list[str]:
     """What the verdicts mean, printed after them; the NOISY line only when something was flagged."""
-    lines = [MISS_MEANS] if judged_targets else []
+    lines = [MISS_MEANS]
     if flagged:
+        fewer = " (or pass --threads 1)" if threads > 1 else ""
         lines.append(f"{flagged} figure(s) flagged. " + NOISY_MEANS.format(limit=SPREAD_LIMIT, share=SHARE_LIMIT,
-                                                                          load=load()))
+                                                                          load=load(), fewer=fewer))
     return lines

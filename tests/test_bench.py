@@ -134,8 +134,9 @@ def test_the_notes_say_what_miss_and_noisy_mean():
 
     quiet = bench_noise.notes(0)
     assert len(quiet) == 1 and quiet[0].startswith("ok / MISS") and "not a fault in your code" in quiet[0]
-    busy = bench_noise.notes(4)
+    busy = bench_noise.notes(4, threads=2)
     assert "4 figure(s) flagged" in busy[1] and "busy" in busy[1] and "noise, not a result" in busy[1]
+    assert "--threads 1" in busy[1] and "--threads 1" not in bench_noise.notes(4, threads=1)[1]
 
 
 def test_speculative_and_serving_lines_flag_noisy_speeds():
