@@ -2,6 +2,7 @@
 
     kvkata                        the board: every kata by level, your latest results, the next step
     kvkata check [NN]             grade one kata (or all) like ``pytest katas/NN``; updates the board
+                                  (in an interview session: the session's file, and the time left)
     kvkata watch [NN]             re-grade a kata each time you save its file (grader.learner.watch)
     kvkata hint NN [--all]        the next hint of a kata's ladder
     kvkata reset NN | --all       put the untouched stub back (your file is backed up first)
@@ -21,7 +22,7 @@ import json
 import os
 import sys
 
-from grader import manifest, render
+from grader import manifest, render, state
 from grader.learner import tools as learner
 from grader.learner import sessions, watch
 from grader.errors import UsageError
@@ -38,14 +39,23 @@ def _progress(saved: dict | None) -> str:
     return f"{saved['passed']}/{saved['total']} checks" + (" ✓" if done else "")
 
 
+def _notebook(saved: dict | None) -> str:
+    """The latest check cell of the kata's notebook, named as such; empty when there is none."""
+    progress = _progress(saved)
+    return "" if progress == "not started" else f"   (notebook: {progress.replace(' checks', '')})"
+
+
 def board() -> str:
+    """Every kata with the latest grading of its file; a notebook's check cell is shown apart."""
     results, katas = learner.saved_results(), list(manifest.load().values())
+    notebooks = learner.saved_results(state.NOTEBOOK_RESULTS)
     names = manifest.levels()
-    lines = ["KV-cache katas"]
+    lines = ["KV-cache katas (checks of your files, katas/NN; notebooks apart)" if notebooks else "KV-cache katas"]
     for level in sorted({k.level for k in katas}):
         lines.append(f"\nlevel {level} · {names.get(level, '')}".rstrip(" ·"))
         for k in (k for k in katas if k.level == level):
-            lines.append(f"  {k.id}  {k.title:<40} {k.minutes:>3} min   {_progress(results.get(k.id))}")
+            lines.append(f"  {k.id}  {k.title:<40} {k.minutes:>3} min   {_progress(results.get(k.id))}"
+                         + _notebook(notebooks.get(k.id)))
     pending = [k for k in katas if not _progress(results.get(k.id)).endswith("✓")]
     if pending:
         k = pending[0]
@@ -60,7 +70,8 @@ def board() -> str:
         lines += ["", "every kata passes. Practise under time: kvkata interview --level 2"]
     session = sessions.current()
     if session:
-        lines += ["", f"interview session open on kata {session['kata']} ({session['file']}): kvkata submit"]
+        lines += ["", f"interview session open on kata {session['kata']} ({session['file']}), "
+                  f"{sessions.time_left(session)}: kvkata check, then kvkata submit"]
     return "\n".join(lines)
 
 
@@ -73,6 +84,11 @@ def cmd_board(args) -> int:
 def cmd_check(args) -> int:
     from grader import grade  # here, not at the top: grading imports torch, and `kvkata` starts without it
 
+    session = sessions.current()
+    if session and (args.kata is None or learner.kata(args.kata).id == session["kata"]):
+        text, code = sessions.check(session, args.device, args.seed, args.timeout)  # the board is not touched
+        print(text)
+        return code
     katas = [learner.kata(args.kata)] if args.kata else list(manifest.load().values())
     code, lines = 0, []
     for k in katas:
@@ -217,9 +233,10 @@ def _grading_options(c, device: str = "auto") -> None:
 
 def _learner_commands(command) -> None:
     command("board", cmd_board, "the board: every kata, your latest results, the next step")
-    c = command("check", cmd_check, "grade one kata (or every kata) and update the board")
-    c.add_argument("kata", nargs="?", help="kata id, e.g. 01; none: every kata")
-    c.add_argument("--seed", type=int, default=0)
+    c = command("check", cmd_check, "grade one kata (or every kata) and update the board; while an interview "
+                "session is open, grade the session's file instead")
+    c.add_argument("kata", nargs="?", help="kata id, e.g. 01; none: every kata (or the open session's)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the checks' random inputs (default 0)")
     c.add_argument("--summary", metavar="FILE.md", help="also append one Markdown line per kata to FILE.md "
                    "(a CI job summary, e.g. $GITHUB_STEP_SUMMARY)")
     _grading_options(c)
@@ -227,31 +244,32 @@ def _learner_commands(command) -> None:
     c.add_argument("kata", nargs="?", help="kata id to start with (default: the first that does not pass)")
     c.add_argument("--poll", action="store_true", help="poll the files instead of using file notifications")
     c.add_argument("--interval", type=float, default=0.2, help="seconds between polls (default 0.2)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="seed of the checks' random inputs (default 0)")
     c.add_argument("--timeout", type=float, default=None,
                    help="seconds one check may run (default 10; the first check that hangs stops that grading, "
                         "the watcher goes on)")
     c = command("hint", cmd_hint, "the next hint of a kata (counted in an open interview session)")
-    c.add_argument("kata", nargs="?")
+    c.add_argument("kata", nargs="?", help="kata id, e.g. 03 (default: the open session's kata)")
     c.add_argument("--all", action="store_true", help="every hint of the kata")
     c = command("reset", cmd_reset, "restore a kata's untouched stub; your file is backed up first")
-    c.add_argument("kata", nargs="?")
+    c.add_argument("kata", nargs="?", help="kata id, e.g. 03")
     c.add_argument("--all", action="store_true", help="every kata")
     c = command("solution", cmd_solution, "the diff from the stub to the reference, once the kata passes")
-    c.add_argument("kata")
+    c.add_argument("kata", help="kata id, e.g. 03")
     c.add_argument("--force", action="store_true", help="show it even though the kata does not pass yet")
 
 
 def _interview_commands(command) -> None:
     c = command("interview", cmd_interview, "start a timed session on a fresh copy of a kata")
     which = c.add_mutually_exclusive_group()
-    which.add_argument("--kata")
-    which.add_argument("--level", type=int)
+    which.add_argument("--kata", help="the kata to practise, e.g. 06")
+    which.add_argument("--level", type=int, help="a kata of this level, the one practised least so far "
+                       "(default: any level)")
     c.add_argument("--minutes", type=int, help="time limit (default: the kata's minutes)")
     c.add_argument("--abandon", action="store_true", help="abandon the open session first")
     _grading_options(command("submit", cmd_submit, "grade the open interview session and close it"))
     c = command("quiz", cmd_quiz, "the numeric follow-up questions of a kata, answered on stdin")
-    c.add_argument("kata", nargs="?")
+    c.add_argument("kata", nargs="?", help="kata id, e.g. 04 (default: the open or the last session's kata)")
     c.add_argument("--answers", action="store_true", help="print every question with its answer")
     c = command("history", cmd_history, "past interview sessions")
     c.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
@@ -259,13 +277,13 @@ def _interview_commands(command) -> None:
 
 def _classroom_commands(command) -> None:
     c = command("assign", cmd_assign, "make a handout of a level's katas, without solutions")
-    c.add_argument("--level", type=int, required=True)
+    c.add_argument("--level", type=int, required=True, help="the handout's katas: this level and the ones below")
     c.add_argument("--only", action="store_true", help="only that level, not the ones below")
     c.add_argument("--out", help="folder to write (default handout-levelN)")
     c.add_argument("--force", action="store_true", help="replace the folder if it exists")
     c.add_argument("--no-ci", action="store_true", help="leave out the GitHub Classroom workflow (.github/workflows)")
     c = command("grade", cmd_grade, "grade submissions (folders holding katas/NN/<file>), each isolated")
-    c.add_argument("submissions", nargs="+", metavar="SUBMISSION")
+    c.add_argument("submissions", nargs="+", metavar="SUBMISSION", help="a folder holding katas/NN/<file>")
     c.add_argument("--level", type=int, help="grade the katas of this level and below (default: those submitted)")
     c.add_argument("--only", action="store_true", help="with --level: that level only")
     c.add_argument("--report", metavar="FILE.csv", help="one row per submission × kata")
@@ -280,10 +298,11 @@ def _classroom_commands(command) -> None:
                    help="MB the submission's code may allocate beyond the grader's own (default 4096; "
                    "on CUDA the device memory too)")
     c.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="seed of the checks' random inputs (default 0, as "
+                   "`pytest katas/NN`)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     c = command("autograder", cmd_autograder, "write a Gradescope autograder (a zip) for a level's katas")
-    c.add_argument("--level", type=int, required=True)
+    c.add_argument("--level", type=int, required=True, help="its katas: this level and the ones below")
     c.add_argument("--only", action="store_true", help="that level only (default: it and the levels below)")
     c.add_argument("--out", default="autograder.zip", help="the zip to write (default autograder.zip)")
     c.add_argument("--visibility", default="visible", help="when students see the test results: visible (default), "

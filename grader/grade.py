@@ -66,13 +66,25 @@ def summary(kata: manifest.Kata, results: list[Result]) -> str:
     line = report.SUMMARY.format(kata=kata.id, passed=passed, total=len(results))
     failing = [r for r in results if not r.passed]
     if failing:
-        first = failing[0].check.uses
-        task = kata.task_number(first)
-        line += report.NEXT_STEP.format(task=task or "?", name=first)
+        line += next_step(kata, [r.check.uses for r in failing])
     else:
         later = [k for k in manifest.load().values() if k.id > kata.id]
         line += report.ALL_PASS.format(next=f"pytest katas/{later[0].id}" if later else "you have done every kata")
     return line
+
+
+def next_step(kata: manifest.Kata, failing: list[str]) -> str:
+    """`` — start with task 3, max_batch_size``: the README's number of the earliest task a failing
+    check exercises (never past an earlier failing task), and the first failing name of that task."""
+    numbered = [(kata.task_number(name) or len(kata.tasks) + 1, order, name) for order, name in enumerate(failing)]
+    task, _, name = min(numbered)
+    if task > len(kata.tasks):
+        return report.NEXT_STEP.format(task="?", name=name)
+    step = report.NEXT_STEP.format(task=task, name=name)
+    helpers = kata.tasks[:task - 1]
+    if helpers and all(n.startswith("_") for names in helpers for n in names):  # checked only through this task
+        step += report.BUILT_ON.format(tasks="task 1" if task == 2 else f"tasks 1–{task - 1}")
+    return step
 
 
 def not_run_lines(results: list[Result]) -> list[str]:
@@ -103,8 +115,8 @@ def record(kata: manifest.Kata, results: list[Result], target_label: str, device
 
 
 def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> list[Result]:
-    """Grade names defined in a notebook, print a report and update the board (as ``kvkata check``
-    does); never raises for the learner's code."""
+    """Grade names defined in a notebook, print a report and note it on the board, next to (never
+    instead of) the results of the kata's file; never raises for the learner's code."""
     kata = manifest.get(kata_id)
     picked = str(pick_device(device))
     results = grade(kata.id, targets.from_namespace(namespace), device=picked)
@@ -112,8 +124,10 @@ def report_namespace(kata_id: str, namespace: dict, device: str = "auto") -> lis
         print(public_header(kata))
     print("\n".join(render.result_lines(results)))
     print(summary(kata, results))
-    try:
-        state.save_results(record(kata, results, "notebook", picked))
+    if all(r.status == "not-implemented" for r in results):
+        return results  # an untouched notebook marks nothing on the board
+    try:  # kept apart from the file's results: the board shows both, each named
+        state.save_results(record(kata, results, "notebook", picked), name=state.NOTEBOOK_RESULTS)
     except OSError as exc:  # a read-only folder must not stop the notebook
         print(f"(the board was not updated: {exc})")
     return results

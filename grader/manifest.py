@@ -5,6 +5,9 @@ project's tests) reads them from here and nowhere else.
 """
 from __future__ import annotations
 
+import ast
+import math
+import operator
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -32,7 +35,7 @@ class Kata:
     minutes: int
     file: str
     topic: str
-    tasks: tuple[str, ...]
+    tasks: tuple[tuple[str, ...], ...]  # per numbered task of the README, the API names it asks for
     hints: tuple[str, ...]
     followups: tuple[FollowUp, ...] = field(default=())
 
@@ -53,12 +56,18 @@ class Kata:
     def notebook(self) -> str:
         return f"notebooks/{self.id}_{self.slug}.ipynb"
 
+    @property
+    def api_names(self) -> tuple[str, ...]:
+        """Every API name the tasks ask for, each once, in task order."""
+        return tuple(dict.fromkeys(name for task in self.tasks for name in task))
+
     def task_number(self, name: str) -> int | None:
-        """1-based number of the task that asks for ``name`` (``Cls.method`` counts as ``Cls``)."""
-        head = name.split(".")[0]
-        for number, task in enumerate(self.tasks, start=1):
-            if task == name or task == head:
-                return number
+        """1-based number of the README task that asks for ``name``: the first task naming it, else
+        (for ``Cls.method``) the first task naming ``Cls``."""
+        for wanted in (name, name.split(".")[0]):
+            for number, task in enumerate(self.tasks, start=1):
+                if wanted in task:
+                    return number
         return None
 
 
@@ -69,9 +78,7 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
         raw = tomllib.load(handle)
     katas: dict[str, Kata] = {}
     for entry in raw.get("kata", []):
-        followups = tuple(
-            FollowUp(f["q"], f["a"], f.get("value"), f.get("tolerance", 0.0)) for f in entry.get("followup", [])
-        )
+        followups = tuple(_followup(f, entry["id"]) for f in entry.get("followup", []))
         kata = Kata(
             id=entry["id"],
             slug=entry["slug"],
@@ -80,7 +87,7 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
             minutes=int(entry["minutes"]),
             file=entry["file"],
             topic=entry["topic"],
-            tasks=tuple(entry["tasks"]),
+            tasks=tuple(_task(t, entry["id"]) for t in entry["tasks"]),
             hints=tuple(entry["hints"]),
             followups=followups,
         )
@@ -88,6 +95,61 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
             raise ValueError(f"{path}: kata id {kata.id!r} appears twice")
         katas[kata.id] = kata
     return katas
+
+
+def _followup(raw: dict, kata_id: str) -> FollowUp:
+    """A follow-up question. With a ``given`` table, its numbers (and formulas over them, in order)
+    fill the ``{name}`` fields of the question and the answer, and ``value`` may be a formula too:
+    the question, the answer and the checked value then come from one computation."""
+    question, answer, value = raw["q"], raw["a"], raw.get("value")
+    if "given" in raw:
+        names: dict[str, float] = {}
+        for name, given in raw["given"].items():
+            names[name] = evaluate(given, names, f"kata {kata_id}: given.{name}")
+        if isinstance(value, str):
+            value = evaluate(value, names, f"kata {kata_id}: value")
+        question, answer = question.format(**names, value=value), answer.format(**names, value=value)
+    return FollowUp(question, answer, value, raw.get("tolerance", 0.0))
+
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.USub: operator.neg}
+_FUNCTIONS = {"ceil": math.ceil, "floor": math.floor, "round": round, "min": min, "max": max}
+
+
+def evaluate(formula, names: dict, where: str = "formula"):
+    """A number, or an arithmetic formula over ``names`` (+ - * / // **, ceil, floor, round, min, max)."""
+    if isinstance(formula, (int, float)) and not isinstance(formula, bool):
+        return formula
+    if not isinstance(formula, str):
+        raise ValueError(f"{where}: expected a number or a formula, got {formula!r}")
+
+    def walk(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in names:
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.operand))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
+            return _FUNCTIONS[node.func.id](*map(walk, node.args))
+        raise ValueError(f"{where}: cannot evaluate {ast.unparse(node)!r} in {formula!r} (known names: "
+                         f"{', '.join(names) or 'none'})")
+
+    try:
+        return walk(ast.parse(formula, mode="eval").body)
+    except SyntaxError:
+        raise ValueError(f"{where}: {formula!r} is not a formula") from None
+
+
+def _task(task, kata_id: str) -> tuple[str, ...]:
+    """One task of the manifest: a list of API names (a single name is accepted too)."""
+    names = (task,) if isinstance(task, str) else tuple(task)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"kata {kata_id}: tasks: expected lists of API names, got {task!r}")
+    return names
 
 
 def get(kata_id: str) -> Kata:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from grader import manifest
 
-RESULTS = "results.json"
+RESULTS = "results.json"  # the latest grading of each kata's file, katas/NN/<file>
+NOTEBOOK_RESULTS = "notebooks.json"  # the latest check cell of each kata's notebook, kept apart
 
 
 def state_dir(root: Path | None = None) -> Path:
@@ -58,13 +59,14 @@ def read_json(path: Path, default):
         return default
 
 
-def load_results(root: Path | None = None) -> dict:
-    return read_json(state_dir(root) / RESULTS, {})
+def load_results(root: Path | None = None, name: str = RESULTS) -> dict:
+    return read_json(state_dir(root) / name, {})
 
 
-def save_results(kata_results: dict, root: Path | None = None) -> None:
-    """Merge the results of some katas into the saved ones (the latest run of a kata wins)."""
-    path = state_dir(root) / RESULTS
+def save_results(kata_results: dict, root: Path | None = None, name: str = RESULTS) -> None:
+    """Merge the results of some katas into the saved ones (the latest run of a kata wins);
+    ``name``: the file's results (RESULTS) or the notebooks' (NOTEBOOK_RESULTS)."""
+    path = state_dir(root) / name
     merged = read_json(path, {})
     merged.update(kata_results)
     write_json(path, merged)

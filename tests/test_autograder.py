@@ -107,3 +107,47 @@ def test_bad_options_are_usage_errors(tmp_path):
     repo = copy_repo(tmp_path / "repo")
     usage_error(kvkata(repo, "autograder", "--level", "1", "--visibility", "sometimes"), "--visibility")
     usage_error(kvkata(repo, "autograder", "--level", "9", "--only"), "--level 9")
+
+
+# -- setup.sh finds a Python 3.10 or newer ---------------------------------------------------------
+def _fake_bin(folder: Path, old: list[str], apt_gives: dict[str, str]) -> Path:
+    """A PATH of its own: ``old`` interpreters that are too old, and an ``apt-get`` that logs its
+    calls and, for a package in ``apt_gives``, installs that interpreter (this test's Python)."""
+    folder.mkdir()
+    for name in old:
+        (folder / name).write_text("#!/bin/sh\nexit 1\n")  # a Python 3.8: the version test fails
+    installs = "\n".join(f'  *" {package} "*) /bin/ln -sf {sys.executable} {folder / name} ;;'
+                         for package, name in apt_gives.items())
+    (folder / "apt-get").write_text(f'#!/bin/bash\necho "$*" >> {folder / "apt.log"}\ncase " $* " in\n{installs}\n'
+                                    '  *" install "*) exit 100 ;;\nesac\nexit 0\n')
+    for path in folder.iterdir():
+        path.chmod(0o755)
+    return folder
+
+
+def _pick(folder: Path) -> subprocess.CompletedProcess:
+    from grader.classroom import autograder
+
+    script = "set -euo pipefail\n" + autograder.PICK_PYTHON + 'echo "picked $python"\n'
+    return subprocess.run(["/bin/bash", "-c", script], env={"PATH": str(folder)}, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_setup_takes_a_versioned_python_from_apt_when_python3_is_too_old(tmp_path):
+    folder = _fake_bin(tmp_path / "bin", old=["python3"], apt_gives={"python3.11": "python3.11"})
+    picked = _pick(folder)
+    assert picked.returncode == 0 and picked.stdout.strip() == "picked python3.11", picked.stdout + picked.stderr
+    log = (folder / "apt.log").read_text()
+    assert "install -y python3 python3-venv" in log and "python3.11-venv" in log
+
+
+def test_setup_stops_with_a_clear_error_when_no_python_is_new_enough(tmp_path):
+    picked = _pick(_fake_bin(tmp_path / "bin", old=["python3"], apt_gives={}))
+    assert picked.returncode == 1 and "no Python 3.10 or newer" in picked.stderr, picked.stdout + picked.stderr
+
+
+def test_setup_uses_the_images_python_when_it_is_new_enough(tmp_path):
+    folder = _fake_bin(tmp_path / "bin", old=[], apt_gives={})
+    (folder / "python3").symlink_to(sys.executable)
+    picked = _pick(folder)
+    assert picked.stdout.strip() == "picked python3" and not (folder / "apt.log").exists()

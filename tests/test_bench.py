@@ -54,3 +54,126 @@ def test_uncached_loop_agrees_with_the_reference_loop():
     prompts = [[5, 6, 7], [9], [1, 2, 3, 4, 5]]
     generate = bench.reference("08")["generate"]
     assert bench.uncached_generate(model, prompts, 5) == generate(model, prompts, 5)
+
+
+# -- figures that are noise: synthetic timings, never timed here ---------------------------------
+QUIET = [101.0, 99.0, 100.0, 104.0, 98.0, 102.0, 100.0, 97.0]  # repeats that agree to a few percent
+BUSY = [26.0, 29.0, 163.0, 78086.0, 109924.0, 31.0, 24000.0, 52.0]  # a thread waiting for a busy core
+
+
+def test_spread_is_the_interquartile_range_over_the_median():
+    from grader.bench import noise as bench_noise
+
+    assert bench_noise.spread([10, 10, 10, 10]) == 0
+    assert abs(bench_noise.spread([1, 2, 3, 4, 5]) - (4 - 2) / 3) < 1e-12  # inclusive quartiles 2 and 4
+    assert bench_noise.spread([5.0, 6.0]) is None  # too few repeats to tell
+
+
+def test_repeats_that_disagree_are_flagged_and_agreeing_ones_are_not():
+    from grader.bench import noise as bench_noise
+
+    assert not bench_noise.noisy(QUIET) and not bench_noise.figure(QUIET)["noisy"]
+    assert bench_noise.noisy(BUSY) and bench_noise.figure(BUSY)["spread"] > bench_noise.SPREAD_LIMIT
+    assert bench_noise.noisy([5.0, 6.0])  # a figure of two runs cannot be trusted either
+    assert "repeats spread" in bench_noise.mark(bench_noise.figure(BUSY))
+    assert bench_noise.mark(bench_noise.figure(QUIET)) == ""
+
+
+def test_a_process_that_waited_for_a_core_is_flagged_even_when_its_repeats_agree():
+    from grader.bench import noise as bench_noise
+
+    # every repeat equally slow: the process had a core a tenth of the time it measured
+    timing = bench_noise.figure(QUIET, cpu_share=0.1)
+    assert timing["noisy"] and "had a core 10% of the time" in bench_noise.mark(timing)
+    assert not bench_noise.figure(QUIET, cpu_share=0.97)["noisy"]
+    assert not bench_noise.figure(QUIET, cpu_share=1.9)["noisy"]  # two threads busy on two cores
+
+
+def test_repeat_times_every_call_and_measures_the_cpu_share():
+    from grader.bench import noise as bench_noise
+
+    calls = []
+    timing, last = bench_noise.repeat(lambda: calls.append(1) or len(calls), 5)
+    assert calls == [1] * 5 and last == 5 and timing["cpu_share"] is not None and timing["median"] >= 0
+    timing, _ = bench_noise.repeat(lambda: None, 3, on_cpu=False)
+    assert timing["cpu_share"] is None
+
+
+def _append_rows(concat: tuple[float, float], noisy: bool) -> list[dict]:
+    rows = []
+    for tokens, index in ((256, 0), (4096, 1)):
+        rows += [{"cache": "concat", "tokens": tokens, "step_us": concat[index], "noisy": noisy},
+                 {"cache": "preallocated", "tokens": tokens, "step_us": 6.0, "noisy": False},
+                 {"cache": "paged-16", "tokens": tokens, "step_us": 7.0, "noisy": False}]
+    return rows
+
+
+def _generate_rows(noisy: bool) -> list[dict]:
+    return [{"impl": "reference", "batch": 1, "tokens_per_s": 200.0, "noisy": noisy},
+            {"impl": "uncached", "batch": 1, "tokens_per_s": 20.0, "noisy": False}]
+
+
+def test_a_target_built_on_noise_is_not_judged():
+    flat = {"append": _append_rows((22000.0, 22500.0), noisy=True), "generate": _generate_rows(noisy=True)}
+    lines = bench.targets_met(flat)
+    concat = next(line for line in lines if "concat step" in line)
+    assert concat.startswith("NOISY") and "not judged" in concat, concat
+    assert next(line for line in lines if "reference / uncached" in line).startswith("NOISY")
+    assert next(line for line in lines if "preallocated step" in line).startswith("ok")
+    assert bench.flagged(flat) == 3
+
+    trusted = {"append": _append_rows((22000.0, 22500.0), noisy=False), "generate": _generate_rows(noisy=False)}
+    lines = bench.targets_met(trusted)
+    assert next(line for line in lines if "concat step" in line).startswith("MISS")  # a flat curve, measured cleanly
+    assert next(line for line in lines if "reference / uncached" in line).startswith("ok")
+    assert bench.flagged(trusted) == 0
+
+
+def test_the_notes_say_what_miss_and_noisy_mean():
+    from grader.bench import noise as bench_noise
+
+    quiet = bench_noise.notes(0)
+    assert len(quiet) == 1 and quiet[0].startswith("ok / MISS") and "not a fault in your code" in quiet[0]
+    busy = bench_noise.notes(4, threads=2)
+    assert "4 figure(s) flagged" in busy[1] and "busy" in busy[1] and "noise, not a result" in busy[1]
+    assert "--threads 1" in busy[1] and "--threads 1" not in bench_noise.notes(4, threads=1)[1]
+
+
+def test_speculative_and_serving_lines_flag_noisy_speeds():
+    from grader import bench_k12, bench_k13
+
+    plain = {"decoder": "plain", "tokens_per_s": 100.0, "noisy": True}
+    draft = {"decoder": "speculative", "draft": "close", "k": 4, "tokens_per_s": 250.0, "acceptance": 0.9,
+             "target_forwards_per_token": 0.3, "noisy": False}
+    assert "NOISY" in bench_k12.lines([plain, draft])[0]
+    assert "2.50" in bench_k12.lines([{**plain, "noisy": False}, draft])[0]
+    row = {"impl": "serve", "tokens_per_s": 300.0, "mean_ttft_steps": 2, "mean_latency_steps": 9,
+           "max_latency_steps": 20, "noisy": True}
+    assert "NOISY" in bench_k13.lines([row])[0] and "300.0" in bench_k13.lines([{**row, "noisy": False}])[0]
+
+
+def test_the_progress_total_is_known_before_the_first_line_and_never_changes(monkeypatch):
+    made = []
+
+    class Recording(bench.Progress):
+        def __init__(self, total, quiet=False):
+            super().__init__(total, quiet)
+            self.first_total = total
+            made.append(self)
+
+    monkeypatch.setattr(bench, "Progress", Recording)
+    bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2], steps=3,
+              new_tokens=4, hf=False, speculative_tokens=6, serving_requests=4)
+    (progress,) = made
+    assert progress.done == progress.total == progress.first_total
+
+
+def test_a_busy_machine_gets_one_thread_unless_asked_otherwise():
+    from grader.bench import noise as bench_noise
+
+    assert bench_noise.threads(None, 0.3, 2) == (2, "")  # quiet: two threads
+    threads, note = bench_noise.threads(None, 8.8, 2)
+    assert threads == 1 and "busy" in note and "load average 8.8 on 2 cores" in note and "--threads 2" in note
+    assert bench_noise.threads(3, 8.8, 2) == (3, "")  # asked for: as asked
+    assert bench_noise.threads(None, None, 4) == (2, "")  # no load average on this system
+    assert bench_noise.threads(None, 1.5, 2)[0] == 1 and bench_noise.threads(None, 1.5, 8)[0] == 2

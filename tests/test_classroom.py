@@ -136,7 +136,7 @@ def test_grade_gives_every_submission_an_honest_row(graded):
     ran, rows, _, _ = graded
     total = str(len(checks.for_kata("01").all))
     expect = {"flood": "pass", "untouched": "not-started", "empty": "not-started", "mistake": "fail",
-              "sysexit": "crash", "exits": "crash", "hang": "timeout", "memory": "fail", "tamperer": "fail",
+              "sysexit": "crash", "exits": "crash", "hang": "timeout", "memory": "fail", "tamperer": "tampered",
               "copier": "crash", "liar": "fail"}
     assert {name: row["status"] for name, row in rows.items()} == expect
     assert all(row["kata"] == "01" and row["total"] == total for row in rows.values())
@@ -341,3 +341,43 @@ def test_cohort_feedback_is_the_local_feedback(tmp_path, kata_id, names):
         for r, c in zip(local, row["checks"]):
             assert (c["status"], c["diagnoses"]) == (r.status, r.diagnoses), (mistake.name, r.check.id)
             assert c["message"] == r.message.replace(str(pathlib.Path(path).resolve()), kata.stub), (mistake.name, r.check.id)
+
+
+# -- row statuses, notes and the cohort summary, from synthetic rows -------------------------------
+def test_a_long_note_is_cut_at_a_word_and_says_so():
+    from grader.engine import report
+
+    text = "tampered with the grader: " + "; ".join(f"replaced grader.module{i}.function" for i in range(40))
+    cut = report.clip(text, 300)
+    assert len(cut) <= 300 and cut.endswith("…") and cut[:-1] == text[:len(cut) - 1]
+    assert text[len(cut) - 1] in " ;", "cut inside a word"
+    assert report.clip("short note", 300) == "short note"
+
+
+def test_a_tampering_row_has_a_status_of_its_own():
+    from types import SimpleNamespace
+
+    from grader.classroom.cohort import judge
+
+    run = SimpleNamespace(timed_out=False, seconds=1.0, returncode=0)
+    tamper = [f"replaced grader.report.compare number {i}" for i in range(30)]
+    status, note = judge.status_and_note(run, [], tamper, None, True)
+    assert status == "tampered" and note.startswith("tampered with the grader") and note.endswith("…"), note
+    assert len(note) <= judge.NOTE_LIMIT and not note[:-1].endswith(("numb", "replac"))
+
+
+def _row(submission: str, status: str, checks: list[tuple[str, str, str]]) -> dict:
+    return {"submission": submission, "kata": "04", "passed": sum(s == "pass" for _, s, _ in checks),
+            "total": len(checks), "status": status,
+            "checks": [{"id": i, "title": f"check {i}", "status": s, "message": m, "diagnoses": []} for i, s, m in checks]}
+
+
+def test_the_cohort_summary_counts_a_timeout_apart_from_failures():
+    from grader.classroom.cohort import grading
+
+    rows = [_row("ann", "fail", [("a", "fail", "wrong"), ("b", "pass", "")]),
+            _row("bob", "timeout", [("a", "timeout", "timed out after 10 s"),
+                                    ("b", "timeout", "not run: the time limit of 60 s for this kata was reached")])]
+    text = grading.summary(rows)
+    assert "kata 04 · check a: 1 of 2 (and 1 timed out or did not run)" in text, text
+    assert "kata 04 · check b: 0 of 2 (and 1 timed out or did not run)" in text, text

@@ -4,6 +4,7 @@ Kata 01 is the worked example; everything else is read from the manifest."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -185,3 +186,150 @@ def test_corrupt_state_is_moved_aside_with_a_warning(repo):
     assert "moved it to" in out.stderr
     assert any(p.name.startswith("results.json.corrupt") for p in state.iterdir())
     assert not (state / "session.json").exists()
+
+
+# -- the quiz ----------------------------------------------------------------------------------
+def _quiz(kata, lines: list[str]) -> tuple[int, str]:
+    """Run the quiz of ``kata`` on these input lines; (exit code, everything it printed)."""
+    from grader import sessions
+
+    said, fed = [], iter(lines)
+
+    def ask(prompt):
+        said.append(prompt)
+        return next(fed, None)
+
+    code = sessions.quiz(kata, ask, said.append)
+    return code, "\n".join(said)
+
+
+def test_every_numeric_follow_up_states_its_value_in_its_answer():
+    from grader import sessions
+
+    for kata in KATAS:
+        for f in (f for f in kata.followups if f.value is not None):
+            stated = [sessions.parse_number(m.group(0)) for m in sessions.NUMBER.finditer(f.answer)]
+            close = [n for n in stated if n is not None and abs(n - f.value) <= max(1e-9, f.tolerance * abs(f.value))]
+            assert close, (kata.id, f.question, f.answer)
+
+
+def test_the_crossover_question_gives_the_numbers_its_answer_uses():
+    import math
+    import re
+
+    kata = manifest.get("04")
+    f = next(f for f in kata.followups if "Llama-3-8B" in f.question)
+    weights, per_token = (int(n.replace(",", "")) for n in re.findall(r"([\d,]+) bytes", f.question)[:2])
+    wanted = math.ceil(weights / per_token)  # "the fewest cached tokens whose cache is at least the weights"
+    assert f.value == wanted and f"{wanted:,}" in f.answer
+    numeric = [g for g in kata.followups if g.value is not None]
+    lines = ["0"] * len(numeric)
+    lines[numeric.index(f)] = f"{wanted:,}"
+    code, out = _quiz(kata, lines)
+    assert code == 1 and f"1 of {len(numeric)} right" in out and "try again" not in out, out
+
+
+def test_a_typo_is_asked_again_and_a_wrong_number_is_wrong():
+    kata = manifest.get("01")
+    numeric = [f for f in kata.followups if f.value is not None]
+    first = numeric[0]
+    code, out = _quiz(kata, ["3,6", "about 3, no 4", f"{first.value:g}"] + [f"{f.value:g}" for f in numeric[1:]])
+    assert code == 0 and f"{len(numeric)} of {len(numeric)} right" in out, out
+    assert out.count("try again") == 2
+    code, out = _quiz(kata, [f"{first.value + 1:g}"] + [f"{f.value:g}" for f in numeric[1:]])
+    assert code == 1 and "try again" not in out and f"{len(numeric) - 1} of {len(numeric)} right" in out
+    code, out = _quiz(kata, ["x", "y", "z"] + [f"{f.value:g}" for f in numeric[1:]])  # three typos: no answer
+    assert code == 1 and out.count("try again") == 2 and "no number in 'z'" in out
+
+
+# -- the board and the notebooks ---------------------------------------------------------------
+def _namespace(path: Path) -> dict:
+    namespace = {"__name__": "notebook"}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace
+
+
+def _board_line(kata_id: str) -> str:
+    from grader import cli
+
+    return next(line for line in cli.board().splitlines() if line.startswith(f"  {kata_id}  "))
+
+
+def test_the_board_keeps_a_notebooks_results_apart_from_the_files(tmp_path, monkeypatch):
+    from grader import grade, learner
+
+    monkeypatch.setenv("KVKATA_STATE", str(tmp_path / "state"))
+    kata = manifest.get("04")
+    grade.report_namespace(kata.id, _namespace(ROOT / kata.stub), device="cpu")  # an untouched notebook
+    assert _board_line(kata.id).endswith("not started"), _board_line(kata.id)
+
+    results = grade.grade(kata.id, "solution")
+    learner.save_results(kata, results, "cpu")  # the file passes, as `kvkata check 04` records it
+    total = len(results)
+    wrong = _namespace(ROOT / kata.solution)
+    wrong["kv_cache_bytes"] = lambda *args, **kwargs: 0
+    notebook = grade.report_namespace(kata.id, wrong, device="cpu")
+    passed = sum(r.passed for r in notebook)
+    assert 0 < passed < total
+    line = _board_line(kata.id)
+    assert f"{total}/{total} checks ✓" in line and f"notebook: {passed}/{total}" in line, line
+    from grader import cli
+
+    assert "notebooks apart" in cli.board().splitlines()[0]  # the board says which results it shows
+
+
+def test_a_candidate_checks_the_session_file_before_submitting(repo):
+    kata = K01
+    shutil.copyfile(repo / kata.solution, repo / kata.stub)  # katas/01 passes: a check of it proves nothing here
+    started = kvkata(repo, "interview", "--kata", kata.id, "--minutes", "30")
+    assert started.returncode == 0, started.stderr
+    file = Path(next(l for l in started.stdout.splitlines() if l.startswith("edit this file:")).split(":", 1)[1].strip())
+    brief = (file.parent / "README.md").read_text()
+    assert f"pytest katas/{kata.id}" not in brief and "kvkata check" in brief and str(file) in brief, brief
+    assert "kvkata check" in started.stdout
+
+    for command in (("check",), ("check", kata.id)):  # the session file is still the untouched stub
+        wrong = kvkata(repo, *command, "--device", "cpu")
+        assert wrong.returncode == 1 and str(file) in wrong.stdout, wrong.stdout + wrong.stderr
+        assert f"kata {kata.id}: 0/" in wrong.stdout and "left of 30:00" in wrong.stdout, wrong.stdout
+    shutil.copyfile(repo / kata.solution, file)
+    right = kvkata(repo, "check", "--device", "cpu")
+    assert right.returncode == 0 and "checks pass — well done" in right.stdout, right.stdout + right.stderr
+    assert "left of 30:00" in kvkata(repo).stdout  # the board shows the time left too
+    assert (repo / ".kvkata" / "session.json").is_file(), "checking closed the session"
+
+    submitted = kvkata(repo, "submit", "--device", "cpu")
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    assert not (repo / ".kvkata" / "session.json").exists()
+    history = json.loads(kvkata(repo, "history", "--json").stdout)
+    assert history[-1]["passed"] == history[-1]["total"] and history[-1]["status"] == "submitted"
+
+
+# -- help texts ----------------------------------------------------------------------------------
+def _options_without_help(text: str) -> list[str]:
+    """The options of an argparse help text that carry no explanation."""
+    lines, missing = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if re.match(r"  -", line):
+            same_line = re.match(r"  \S.*?\s{2,}\S", line)
+            next_line = i + 1 < len(lines) and re.match(r" {10,}\S", lines[i + 1])
+            if not (same_line or next_line):
+                missing.append(line.strip())
+    return missing
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import argparse
+
+    from grader import cli
+
+    subcommands = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in subcommands.items():
+        silent = [a.option_strings or a.dest for a in sub._actions if a.help is None]
+        assert not silent, f"kvkata {name}: {silent} have no help"
+    for name in cli.DELEGATED:
+        shown = kvkata(ROOT, name, "--help")
+        assert shown.returncode == 0 and "``" not in shown.stdout, shown.stdout
+        description = shown.stdout.split("\n\n")[1]  # after the usage lines
+        assert description.rstrip().endswith("."), f"kvkata {name} --help: {description!r} is cut"
+        assert not _options_without_help(shown.stdout), (name, _options_without_help(shown.stdout))

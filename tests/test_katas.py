@@ -2,11 +2,14 @@
 implemented", every known mistake is caught and named, and the manifest matches the folders."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from grader import checks, grade, manifest, mistakes
 from grader.checks import conformance
+from grader.engine import Result
 
 ROOT = manifest.REPO_ROOT
 KATAS = list(manifest.load().values())
@@ -34,8 +37,10 @@ def test_manifest_and_folders_agree_both_ways():
 def test_stub_and_solution_expose_the_same_api(kata):
     stub, solution = conformance.public_api(ROOT / kata.stub), conformance.public_api(ROOT / kata.solution)
     assert stub == solution
-    for task in kata.tasks:
-        assert task in stub, f"task {task} of kata {kata.id} is not in the stub"
+    source = (ROOT / kata.stub).read_text()
+    for name in kata.api_names:  # a private helper a task asks for is defined in the stub too
+        found = name in stub or (name.startswith("_") and re.search(rf"(?m)^(class|def) {name}\b", source))
+        assert found, f"task {name} of kata {kata.id} is not in the stub"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -72,3 +77,91 @@ def test_known_mistake_is_caught_and_named(kata_id, mistake):
 def test_mistake_names_are_unique(kata):
     names = [m.name for m in mistakes.catalogue(kata.id)]
     assert len(names) == len(set(names))
+
+
+# -- "start with task N": the README's own numbering --------------------------------------------
+def _readme_tasks(kata) -> list[str]:
+    """The numbered items of the README's Tasks section, as text."""
+    text = (ROOT / kata.readme).read_text()
+    section = re.search(r"(?ms)^## Tasks\s*$(.*?)(?=^## |\Z)", text).group(1)
+    return [m.group(1) for m in re.finditer(r"(?ms)^\d+\. (.*?)(?=^\d+\. |\Z)", section)]
+
+
+def _defined(item: str) -> set[str]:
+    """The names a task asks for: a backticked call signature anywhere (`name(...`), or the
+    backticked name the item starts with; ``A.b`` gives ``A.b``, ``b`` and ``A``."""
+    spans = re.findall(r"`([A-Za-z_][\w.]*)\(", item)
+    lead = re.match(r"`([A-Za-z_][\w.]*)`?", item)
+    names = set()
+    for span in spans + ([lead.group(1)] if lead else []):
+        names |= {span, span.split(".")[-1], span.split(".")[0]}
+    return names
+
+
+def _readme_number(kata, uses: str) -> int:
+    items = [_defined(item) for item in _readme_tasks(kata)]
+    for wanted in ((uses, uses.split(".")[-1]) if "." in uses else (uses,), (uses.split(".")[0],)):
+        for number, names in enumerate(items, start=1):
+            if names & set(wanted):
+                return number
+    raise AssertionError(f"kata {kata.id}: no task of the README asks for {uses}")
+
+
+@pytest.mark.parametrize("kata", KATAS, ids=IDS)
+def test_start_with_task_names_the_readmes_own_task(kata):
+    assert len(kata.tasks) == len(_readme_tasks(kata)), "one manifest task per numbered README task"
+    kata_checks = checks.for_kata(kata.id).all
+    for check in kata_checks:
+        wanted = _readme_number(kata, check.uses)
+        results = [Result(c, "fail" if c is check else "pass") for c in kata_checks]
+        line = grade.summary(kata, results)
+        assert f"start with task {wanted}, {check.uses}" in line, (check.id, line)
+
+
+@pytest.mark.parametrize("kata", [k for k in KATAS if len({_readme_number(k, c.uses) for c in checks.for_kata(k.id).all}) > 1],
+                         ids=lambda k: k.id)
+def test_start_with_task_never_points_past_an_earlier_failing_task(kata):
+    kata_checks = checks.for_kata(kata.id).all
+    latest = max(kata_checks, key=lambda c: _readme_number(kata, c.uses))
+    earliest = min(kata_checks, key=lambda c: _readme_number(kata, c.uses))
+    results = [Result(c, "fail") for c in [latest, earliest]]  # the later task's check fails first
+    line = grade.summary(kata, results)
+    assert f"start with task {_readme_number(kata, earliest.uses)}, {earliest.uses}" in line, line
+
+
+def _learner_strings(path):
+    """Every string a check or a known mistake can show the learner: its literals, f-strings
+    included, but not its docstrings and comments."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_checks_speak_of_what_the_learner_reads():
+    """A learner reads the kata README, never the project's SPEC: no title or message cites it."""
+    for kata in KATAS:
+        assert not [c.title for c in checks.for_kata(kata.id).all if "SPEC" in c.title], kata.id
+    for path in sorted((ROOT / "grader" / "checks").glob("*.py")) + sorted((ROOT / "grader" / "mistakes").glob("*.py")):
+        cited = [s for s in _learner_strings(path) if "SPEC" in s]
+        assert not cited, f"{path.name}: {cited}"
+
+
+def test_a_growth_failure_names_the_chunk_and_its_length_plainly():
+    built = dict((m.name, t) for m, t in mistakes.load("01"))
+    results = grade.grade("01", built["concatenating on the head axis"])
+    message = next(r.message for r in results if r.check.id == "append_kv_grows")
+    assert re.search(r"after appending chunk \d+ \(\d+ tokens?\)", message), message
+    assert "token(s)" not in message and not re.search(r"chunk \d+ of \d+", message), message
+
+
+@pytest.mark.parametrize("kata", KATAS, ids=IDS)
+def test_the_stubs_task_numbers_are_the_readmes(kata):
+    said = re.findall(r'"kata \d+: ([\w.]+) — see README, task (\d+)"', (ROOT / kata.stub).read_text())
+    assert said, "the stub names no task"
+    for name, number in said:
+        assert int(number) == _readme_number(kata, name), (name, number)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -28,7 +29,7 @@ def test_notebooks_folder_is_up_to_date(tmp_path):
     written = notebooks.write(tmp_path)
     fresh = {p.name: p.read_bytes() for p in written}
     on_disk = {p.name: p.read_bytes() for p in (ROOT / "notebooks").glob("*.ipynb")}
-    hint = "run: python -m grader.learner.notebooks"
+    hint = "run: kvkata notebooks"
     assert sorted(on_disk) == sorted(fresh), hint
     for name, data in fresh.items():
         assert on_disk[name] == data, f"notebooks/{name} is out of date; {hint}"
@@ -43,6 +44,8 @@ def test_notebook_layout(kata):
     assert nb.metadata.kernelspec == notebooks.KERNELSPEC
     first = nb.cells[0]
     assert first.cell_type == "markdown" and f"katas/{kata.id}" in first.source and "Generated" in first.source
+    command = re.search(r"by `([^`]+)`", first.source).group(1)  # the command the README gives for it
+    assert command == "kvkata notebooks" and f"`{command}`" in (ROOT / "README.md").read_text(), command
     assert len({c.id for c in nb.cells}) == len(nb.cells)
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -163,7 +166,8 @@ def executed(request, tmp_path_factory):
     nbs = {kata_id: _with_solution_appended(manifest.get(kata_id)) for kata_id in wanted}
     state_dir = tmp_path_factory.mktemp("state")
     stopped = asyncio.run(_execute(nbs, state_dir))
-    board = state.read_json(state_dir / state.RESULTS, {})
+    board = state.read_json(state_dir / state.NOTEBOOK_RESULTS, {})  # a notebook's results are kept apart
+    assert not (state_dir / state.RESULTS).exists(), "a notebook wrote the results of the katas' files"
     return {kata_id: (nb, stopped.get(kata_id), board) for kata_id, nb in nbs.items()}
 
 
@@ -185,7 +189,7 @@ def test_notebook_runs_untouched_and_solved(kata, executed):
     assert f"kata {kata.id}: 0/{total} checks pass" in untouched
     assert untouched.count("not implemented yet") == total
     assert f"kata {kata.id}: {total}/{total} checks pass" in solved, solved
-    saved = board.get(kata.id, {})  # the check cell updates the board, as `kvkata check` does
+    saved = board.get(kata.id, {})  # the check cell notes its run on the board, apart from the file's
     assert (saved.get("target"), saved.get("passed"), saved.get("total")) == ("notebook", total, total), saved
     for cell in nb.cells:
         if {"picture", "measured"} & set(cell.metadata.get("tags", [])):

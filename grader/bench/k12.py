@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
 
 import torch
 
 from grader import models
+from grader.bench import noise as bench_noise
 from grader.bench.k07 import PrintProgress
 from grader.bench.shared import reference
 from grader.nn import Llama, LlamaConfig
@@ -29,6 +29,7 @@ from grader.nn import Llama, LlamaConfig
 TARGET_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=6,
                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
 DRAFT_LAYERS, TOP_SCALE, NOISE = 2, 0.02, 0.1
+DRAFTS = ("close", "perturbed", "random")
 
 
 def _models(device: torch.device):
@@ -48,55 +49,57 @@ def _models(device: torch.device):
         for p in noisy.parameters():
             p.add_(torch.randn_like(p) * NOISE * p.std())
     random = Llama(LlamaConfig(**small)).to(device).eval()
-    return target, {"close": close, "perturbed": noisy, "random": random}
+    return target, dict(zip(DRAFTS, (close, noisy, random)))
+
+
+def steps() -> int:
+    """Progress lines ``bench_speculative`` prints: plain decoding, then each draft."""
+    return 1 + len(DRAFTS)
 
 
 def _timed(run, repeats: int, device: torch.device):
-    """(median seconds, last result) of ``run()`` after one warm-up call."""
-    result, times = run(), []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        result = run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+    """(bench_noise.figure of the seconds, last result) of ``run()`` after one warm-up call."""
+    run()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    return bench_noise.repeat(run, repeats, sync, on_cpu=device.type == "cpu")
 
 
 def bench_speculative(device: torch.device, progress, quick: bool, new_tokens: int | None = None,
                       k: int = 4) -> list[dict]:
     """Tokens/s and target forwards per token: plain greedy, then speculative with each draft."""
     N = new_tokens or (32 if quick else 96)
-    repeats = 1 if quick else 3
+    repeats = bench_noise.MIN_REPEATS
     target, drafts = _models(device)
     generate, speculate = reference("08")["generate"], reference("12")["speculative_generate"]
     prompt = torch.randint(1, TARGET_CONFIG["vocab_size"], (24,), generator=torch.Generator().manual_seed(1)).tolist()
-    progress.total += 1 + len(drafts)
-    seconds, rows = _timed(lambda: generate(target, [prompt], N), repeats, device)
+    timing, rows = _timed(lambda: generate(target, [prompt], N), repeats, device)
     plain = rows[0]
-    out = [{"decoder": "plain", "draft": None, "k": None, "tokens_per_s": round(N / seconds, 1),
-            "target_forwards_per_token": 1.0, "acceptance": None, "same_tokens": True}]
-    progress.step("speculative plain greedy", f"{out[-1]['tokens_per_s']:9.1f} tokens/s, 1.00 target forwards/token")
+    out = [{"decoder": "plain", "draft": None, "k": None, "tokens_per_s": round(N / timing["median"], 1),
+            "target_forwards_per_token": 1.0, "acceptance": None, "same_tokens": True,
+            "spread": timing["spread"], "cpu_share": timing["cpu_share"], "noisy": timing["noisy"]}]
+    progress.step("speculative plain greedy", f"{out[-1]['tokens_per_s']:9.1f} tokens/s"
+                  f"{bench_noise.mark(timing)}, 1.00 target forwards/token")
     for name, draft in drafts.items():
-        seconds, (tokens, stats) = _timed(lambda: speculate(target, draft, prompt, N, k), repeats, device)
-        out.append({"decoder": "speculative", "draft": name, "k": k, "tokens_per_s": round(N / seconds, 1),
+        timing, (tokens, stats) = _timed(lambda: speculate(target, draft, prompt, N, k), repeats, device)
+        out.append({"decoder": "speculative", "draft": name, "k": k, "tokens_per_s": round(N / timing["median"], 1),
                     "target_forwards_per_token": round(stats["target_forwards"] / N, 3),
                     "acceptance": round(stats["accepted"] / max(stats["proposed"], 1), 3),
-                    "same_tokens": tokens == plain})
+                    "same_tokens": tokens == plain, "spread": timing["spread"], "cpu_share": timing["cpu_share"],
+                    "noisy": timing["noisy"]})
         row = out[-1]
         progress.step(f"speculative k={k} {name:>9} draft",
-                      f"{row['tokens_per_s']:9.1f} tokens/s, {row['target_forwards_per_token']:.2f} target forwards/token, "
+                      f"{row['tokens_per_s']:9.1f} tokens/s{bench_noise.mark(timing)}, "
+                      f"{row['target_forwards_per_token']:.2f} target forwards/token, "
                       f"acceptance {row['acceptance']:.2f}, same tokens as plain: {row['same_tokens']}")
     return out
 
 
 def lines(rows: list[dict]) -> list[str]:
     """One line per speculative run: its speed against plain greedy decoding."""
-    plain = next(r for r in rows if r["decoder"] == "plain")["tokens_per_s"]
-    return [f"speculative k={r['k']} {r['draft']} draft / plain greedy tokens/s: {r['tokens_per_s'] / plain:.2f} "
-            f"(acceptance {r['acceptance']:.2f}, {r['target_forwards_per_token']:.2f} target forwards per token)"
+    plain = next(r for r in rows if r["decoder"] == "plain")
+    return [f"speculative k={r['k']} {r['draft']} draft / plain greedy tokens/s: "
+            + ("NOISY, not a result" if r.get("noisy") or plain.get("noisy") else f"{r['tokens_per_s'] / plain['tokens_per_s']:.2f}")
+            + f" (acceptance {r['acceptance']:.2f}, {r['target_forwards_per_token']:.2f} target forwards per token)"
             for r in rows if r["decoder"] == "speculative"]
 
 

@@ -18,6 +18,7 @@ import torch
 from grader import manifest
 from grader.nn import Llama, LlamaConfig
 from grader.engine import targets
+from grader.bench import noise as bench_noise
 
 SERVING_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
@@ -81,14 +82,20 @@ def _static(generate, model, work, batch: int) -> tuple[float, dict, dict]:
     return seconds, first, last
 
 
-def _summary(name, seconds, work, first, last, extra=None) -> dict:
-    tokens = sum(m for _, _, m, _ in work)
+def _summary(name, timing: dict, work, first, last, extra=None) -> dict:
+    """A row from the wall seconds of the repeats (bench_noise.figure) and the steps of each request."""
+    tokens, seconds = sum(m for _, _, m, _ in work), timing["median"]
     ttft = [first[r] - a for r, _, _, a in work]
     latency = [last[r] - a for r, _, _, a in work]
     return {"impl": name, "requests": len(work), "tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 1), "mean_ttft_steps": round(statistics.mean(ttft), 1),
             "mean_latency_steps": round(statistics.mean(latency), 1), "max_latency_steps": max(latency),
-            **(extra or {})}
+            "spread": timing["spread"], "cpu_share": timing["cpu_share"], "noisy": timing["noisy"], **(extra or {})}
+
+
+def steps() -> int:
+    """Progress lines ``bench_serving`` prints: serve, then static batches."""
+    return 2
 
 
 def bench_serving(device: torch.device, progress, quick: bool, n_requests: int | None = None) -> list[dict]:
@@ -102,24 +109,28 @@ def bench_serving(device: torch.device, progress, quick: bool, n_requests: int |
     longest = max(len(p) + m - 1 for _, p, m, _ in work)
     limits = {"num_blocks": 24 if quick else 64, "block_size": 16, "max_num_seqs": batch,
               "max_num_batched_tokens": max(256, longest)}
-    progress.total += 2
     ns["13"]["serve"](model, work[:2], **limits)  # warm-up: first allocations are not timed
-    began = time.perf_counter()
-    ns["13"]["serve"](model, work, **limits)
-    seconds = time.perf_counter() - began
+    timing, _ = bench_noise.repeat(lambda: ns["13"]["serve"](model, work, **limits), bench_noise.MIN_REPEATS,
+                                   on_cpu=device.type == "cpu")
     line = _timeline(ns["13"]["Scheduler"], work, limits)
     used = line["used"]
-    rows = [_summary("serve", seconds, work, line["first"], line["last"],
+    rows = [_summary("serve", timing, work, line["first"], line["last"],
                      {"steps": len(used), "preemptions": line["preempted"], "num_blocks": limits["num_blocks"],
                       "peak_blocks": max(used), "mean_blocks": round(statistics.mean(used), 1),
                       "blocks_over_time": used})]
-    progress.step("serving  continuous", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s, ttft "
+    progress.step("serving  continuous", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s"
+                  f"{bench_noise.mark(timing)}, ttft "
                   f"{rows[-1]['mean_ttft_steps']} steps, {line['preempted']} preemptions")
     ns["08"]["generate"](model, [p for _, p, _, _ in work[:2]], 2)
-    seconds, first, last = _static(ns["08"]["generate"], model, work, batch)
-    rows.append(_summary("static", seconds, work, first, last))
-    progress.step("serving  static batches", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s, ttft "
-                  f"{rows[-1]['mean_ttft_steps']} steps")
+    cpu, wall = time.process_time(), time.perf_counter()
+    runs = [_static(ns["08"]["generate"], model, work, batch) for _ in range(bench_noise.MIN_REPEATS)]
+    wall = time.perf_counter() - wall
+    share = (time.process_time() - cpu) / wall if device.type == "cpu" and bench_noise.measurable(wall) else None
+    timing = bench_noise.figure([seconds for seconds, _, _ in runs], share)
+    _, first, last = runs[-1]
+    rows.append(_summary("static", timing, work, first, last))
+    progress.step("serving  static batches", f"{rows[-1]['tokens_per_s']:9.1f} tokens/s"
+                  f"{bench_noise.mark(timing)}, ttft {rows[-1]['mean_ttft_steps']} steps")
     return rows
 
 
@@ -127,7 +138,8 @@ def lines(rows: list[dict]) -> list[str]:
     """Human-readable lines of the serving rows."""
     out = []
     for r in rows:
-        text = (f"serving {r['impl']:>6}: {r['tokens_per_s']:8.1f} tokens/s, mean time to first token "
+        speed = "   NOISY tokens/s, not a result" if r.get("noisy") else f"{r['tokens_per_s']:8.1f} tokens/s"
+        text = (f"serving {r['impl']:>6}: {speed}, mean time to first token "
                 f"{r['mean_ttft_steps']} steps, mean latency {r['mean_latency_steps']} steps (max "
                 f"{r['max_latency_steps']})")
         if "peak_blocks" in r:

@@ -39,7 +39,7 @@ def _grow(api, ctx, ex):
     for i, length in enumerate(ex["chunks"]):
         k, v = _kv(ex, i, length, ctx.device)
         cache = ctx.call(api.append_kv, cache, k, v)
-        seen[f"after appending chunk {i + 1} of {length} token(s)"] = named(cache)
+        seen[f"after appending chunk {i + 1} ({length} token{'' if length == 1 else 's'})"] = named(cache)
     return seen
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from grader.engine import report
 from grader.checks.support import devices
-from grader.checks.support.common import DTYPES, SEEDS, attention, expect_value_error, randn
+from grader.checks.support.common import DTYPES, SEEDS, attention, expect_value_error, randn, value_error_names
 from grader.checks.k06_programs import Replay, kv_dict, new_kv, programs, replay
 from grader.engine import Checks
 

@@ -57,7 +57,7 @@ def _quantize_body(c, ex):
         problem = (got.double().cpu() - want).abs() > slack
         if problem.any():
             i = tuple(int(j) for j in problem.nonzero()[0])
-            c.fail(f"{call}: {name} at {list(i)} is {got[i].item():.6g}, expected {want[i].item():.6g}; the SPEC's "
+            c.fail(f"{call}: {name} at {list(i)} is {got[i].item():.6g}, expected {want[i].item():.6g}; the README's "
                    f"zero = min and scale = (max - min) / (2**n_bits - 1) = (max - min) / {qmax}, over dim {dim}",
                    ex, (name, got))
     if int(codes.max()) > qmax:
@@ -69,7 +69,7 @@ def _quantize_body(c, ex):
                f"half a step {bound:.3g}", ex, ("round trip", codes))
 
 
-@CHECKS.add("quantize: min-max codes in range, the SPEC's scale and zero, within half a step", uses="quantize")
+@CHECKS.add("quantize: min-max codes in range, the README's scale and zero, within half a step", uses="quantize")
 def quantize_round_trips(ctx):
     # Worked case: 2 bits over [0, 1, 2, 3] gives scale 1, zero 0 and codes 0, 1, 2, 3 exactly.
     def worked(c, ex):
@@ -285,7 +285,7 @@ def keys_per_channel(ctx):
     ctx.case({"residual_len": 16, "batch": 2, "heads": 1, "head_dim": 4, "dtype": torch.float64, "seed": 2}, body)
 
 
-@CHECKS.add("nbytes: packed codes, scales, zeros and the residual, exactly the SPEC's formula",
+@CHECKS.add("nbytes: packed codes, scales, zeros and the residual, exactly the README's formula",
             uses="QuantizedKVCache.nbytes")
 def nbytes_formula(ctx):
     # Worked case: B 1, Hkv 2, D 8, R 4, 4 bits, float32, 10 tokens = 2 groups + 2 residual tokens:

@@ -36,15 +36,41 @@ VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")  # Grade
 SETTINGS_FILE = "kvkata-autograder.json"
 UNZIP_LIMIT = 64 * 2**20  # bytes a submission's zips may unpack to
 
+PICK_PYTHON = """\
+# A Python 3.10 or newer that can make a venv: the image's, else one from apt (its python3, else a
+# versioned package), else a clear error. Sets $python.
+usable() {
+  command -v "$1" >/dev/null 2>&1 &&
+    "$1" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1
+}
+find_python() {
+  for candidate in python3 python3.13 python3.12 python3.11 python3.10; do
+    if usable "$candidate"; then echo "$candidate"; return 0; fi
+  done
+  return 1
+}
+if ! python=$(find_python); then
+  apt-get update || true
+  apt-get install -y python3 python3-venv python3-pip || true
+  for version in 3.12 3.11 3.10; do
+    python=$(find_python) && break
+    apt-get install -y "python$version" "python$version-venv" || true
+  done
+  python=$(find_python) || {
+    echo "setup.sh: found no Python 3.10 or newer with venv, even after apt-get; choose a newer base image" \\
+      "(Ubuntu 22.04 or later) in the autograder settings" >&2
+    exit 1
+  }
+fi
+"""
+
 SETUP_SH = """\
 #!/usr/bin/env bash
 # Gradescope runs this once, when it builds the autograder's image.
 set -euo pipefail
 root="${KVKATA_AUTOGRADER_ROOT:-/autograder}"
-if ! python3 -c 'import sys, venv; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-  apt-get update && apt-get install -y python3 python3-venv python3-pip
-fi
-python3 -m venv "$root/venv"
+""" + PICK_PYTHON + """\
+"$python" -m venv "$root/venv"
 "$root/venv/bin/python" -m pip install --upgrade pip
 "$root/venv/bin/python" -m pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.3"
 "$root/venv/bin/python" -m pip install "$root/source"

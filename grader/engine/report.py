@@ -19,6 +19,7 @@ MUTATED = "{call} changed its argument `{arg}` in place; a function must not mod
 DIAGNOSIS = "this looks like a known mistake: {name}. {why}\n  hint: {hint}"
 SUMMARY = "kata {kata}: {passed}/{total} checks pass"
 NEXT_STEP = " — start with task {task}, {name}"
+BUILT_ON = " (the checks test {tasks} through it)"
 ALL_PASS = " — well done; next: {next}"
 
 # Tolerances per dtype: (rtol, atol). A correct implementation in another style (SDPA,
@@ -30,6 +31,16 @@ TOLERANCES = {
     torch.bfloat16: (2e-2, 1e-2),
 }
 SHOW_WHOLE = 16  # tensors with at most this many entries are printed in full
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, ending in "…" when cut."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text[:max(limit - 1, 1)]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ;,:") + "…"
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:

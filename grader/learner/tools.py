@@ -72,9 +72,10 @@ def append_summary(path: str, lines: list[str]) -> None:
         out.write("### KV-cache katas: public checks\n\n" + "\n".join(lines) + "\n")
 
 
-def saved_results() -> dict:
-    """The latest results of each kata, as the board shows them."""
-    results = state.load_results()
+def saved_results(name: str = state.RESULTS) -> dict:
+    """The latest results of each kata, as the board shows them (``state.NOTEBOOK_RESULTS``: of the
+    notebooks' check cells)."""
+    results = state.load_results(name=name)
     return {k: v for k, v in results.items() if isinstance(v, dict)} if isinstance(results, dict) else {}
 
 

@@ -56,7 +56,7 @@ MISTAKES = [
     ),
     Mistake(
         name="silent truncation on overflow",
-        why="dropping the tokens that do not fit loses them without telling the caller; the SPEC asks for "
+        why="dropping the tokens that do not fit loses them without telling the caller; the README asks for "
             "CacheFullError.",
         hint="What should the caller learn when 3 tokens arrive and only 1 slot is left?",
         edits=((_RAISE, "        if end > self.max_len:\n"

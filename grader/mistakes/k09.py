@@ -12,7 +12,7 @@ MISTAKES = [
     Mistake(
         name="values quantized per channel",
         why="values are quantized per token (one scale per token over its D channels); statistics over the "
-            "group's tokens give other scales and zeros than the SPEC's.",
+            "group's tokens give other scales and zeros than the README's.",
         hint="Values get one scale per (B, Hkv, token): which axis do you take min and max over for them?",
         edits=(("quantize(v, self.n_bits, dim=3)", "quantize(v, self.n_bits, dim=2)"),),
     ),

@@ -43,7 +43,7 @@ MISTAKES = [
     ),
     Mistake(
         name="length penalty over prompt + new tokens",
-        why="the score divides by (prompt + new tokens) ** length_penalty; the SPEC (and Hugging Face today) "
+        why="the score divides by (prompt + new tokens) ** length_penalty; the README (and Hugging Face today) "
             "counts the new tokens only, so scores and the order of hypotheses of different lengths change.",
         hint="Which tokens did the search generate, and so which length does the penalty count?",
         edits=(("finished.append((tokens, value / len(tokens) ** length_penalty))",

@@ -67,7 +67,7 @@ MISTAKES = [
     Mistake(
         name="no stop at EOS",
         why="the loop keeps going after the EOS, so tokens after it are returned.",
-        hint="The SPEC stops right after the first EOS, which is kept. Where do you check each accepted token?",
+        hint="The README asks to stop right after the first EOS, which is kept. Where do you check each accepted token?",
         edits=(("            if token == eos_token_id:\n                break\n", ""),
                ("while len(out) < max_new_tokens and out[-1] != eos_token_id:",
                 "while len(out) < max_new_tokens:")),

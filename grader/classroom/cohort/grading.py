@@ -95,6 +95,12 @@ def grade(paths: list[str], settings: cohort.Settings, level: int | None = None,
     return summary(rows)
 
 
+def _did_not_run(check: dict) -> bool:
+    """Whether a check of a row was stopped before it gave an answer (it timed out, or the time
+    limit or a dead process kept it from running)."""
+    return check["status"] in ("timeout", "not-run") or str(check.get("message", "")).startswith("not run")
+
+
 def summary(rows: list[dict]) -> str:
     """The cohort at a glance: a table of submissions × katas, then per check how many failed it,
     then the commonest diagnoses."""
@@ -109,22 +115,26 @@ def summary(rows: list[dict]) -> str:
             r = cell.get((s, k))
             marks.append(f"{(r['status'] + ' ' + str(r['passed']) + '/' + str(r['total'])) if r else '-':>13}")
         lines.append(f"{s:<{width}}  " + "  ".join(marks))
-    failed = collections.Counter()
+    failed, stopped = collections.Counter(), collections.Counter()
     titles, graded = {}, collections.Counter()
     for r in rows:
         if r["status"] == "not-started":  # nothing was submitted for this kata: no check to count
             continue
         for c in r["checks"]:
-            if c["status"] == "not-run":  # never run (a function that hung, the kata's time): no verdict to count
-                continue
-            titles[(r["kata"], c["id"])] = c["title"]
-            graded[(r["kata"], c["id"])] += 1
-            failed[(r["kata"], c["id"])] += c["status"] != "pass"
-    lines += ["", "checks failed (by how many of the submissions that attempted the kata):"]
-    for key in sorted(titles, key=lambda k: -failed[k]):
-        if failed[key]:
-            lines.append(f"  kata {key[0]} · {titles[key]}: {failed[key]} of {graded[key]}")
-    if not any(failed.values()):
+            key = (r["kata"], c["id"])
+            titles[key] = c["title"]
+            graded[key] += 1
+            if _did_not_run(c):  # a time limit or a dead process stopped it: no answer to count as wrong
+                stopped[key] += 1
+            else:
+                failed[key] += c["status"] != "pass"
+    lines += ["", "checks failed (by how many of the submissions that attempted the kata; a check that timed "
+              "out or did not run is counted apart):"]
+    for key in sorted(titles, key=lambda k: (-failed[k], -stopped[k])):
+        if failed[key] or stopped[key]:
+            apart = f" (and {stopped[key]} timed out or did not run)" if stopped[key] else ""
+            lines.append(f"  kata {key[0]} · {titles[key]}: {failed[key]} of {graded[key]}{apart}")
+    if not any(failed.values()) and not any(stopped.values()):
         lines.append("  none")
     diagnoses = collections.Counter(d for r in rows for d in {d for c in r["checks"] for d in c["diagnoses"]})
     lines += ["", "commonest diagnoses (submission × kata pairs showing each):"]

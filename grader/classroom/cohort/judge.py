@@ -20,6 +20,7 @@ NOT_RUN_DIED = "not run: the process running your code died before this check ({
 NOT_STARTED = "the grader could not start, so the submission was not run (not the student's fault): {why}"
 MISSING_FILE = "no {file} in this submission"
 KNOWN = ("pass", "fail", "not-implemented", "timeout", "not-run", "error")
+NOTE_LIMIT = 300  # characters of a row's note (the CSV's last column); longer notes are cut at a word
 
 
 @lru_cache(maxsize=None)
@@ -97,7 +98,7 @@ def results(run, settings, memo=None) -> tuple[list[Result], list[str], dict | N
             found |= _strings(record.get("tamper"))
             made.append(judge_check(check, record, settings, kata, others, memo))
     if found:
-        what = "; ".join(sorted(map(str, found)))[:500]
+        what = report.clip("; ".join(sorted(map(str, found))), 500)
         made = [Result(r.check, "fail", TAMPERED.format(what=what)) for r in made]
     finished = done is not None or bool(load and "error" in load)
     return made, sorted(map(str, found)), load, finished
@@ -108,23 +109,24 @@ def startup_failure(run) -> str:
     if run.startup_timed_out:
         return f"the worker did not start within {run.seconds:.0f} s"
     lines = [line.strip() for line in run.output.decode("utf-8", errors="replace").splitlines() if line.strip()]
-    return (f"{lines[-1][:300]} — " if lines else "") + f"the worker {_how(run)}"
+    return (f"{report.clip(lines[-1], NOTE_LIMIT)} — " if lines else "") + f"the worker {_how(run)}"
 
 
 def status_and_note(run, made: list[Result], tamper: list[str], load: dict | None, finished: bool) -> tuple[str, str]:
     if run.timed_out:
         return "timeout", f"stopped at the time limit after {run.seconds:.0f} s"
     if load and "error" in load:
-        return "crash", (str(load["error"]).splitlines() or ["could not import the file"])[0][:300]
+        return "crash", report.clip((str(load["error"]).splitlines() or ["could not import the file"])[0], NOTE_LIMIT)
     if not finished:
         return "crash", f"the process {_how(run)} before finishing"
-    if tamper:
-        return "fail", "tampered with the grader: " + "; ".join(tamper)[:300]
+    if tamper:  # its own status: not a wrong answer, and every check of the kata fails for it
+        return "tampered", report.clip("tampered with the grader: " + "; ".join(tamper), NOTE_LIMIT)
     hung = [r for r in made if r.status == "timeout"]
     if hung:
         not_run = sum(r.status == "not-run" for r in made)
-        return "timeout", (f"a check timed out ({hung[0].check.title})"
-                           + (f"; {not_run} check(s) that call the function that hung were not run" if not_run else ""))
+        return "timeout", report.clip(f"a check timed out ({hung[0].check.title})"
+                                      + (f"; {not_run} check(s) that call the function that hung were not run"
+                                         if not_run else ""), NOTE_LIMIT)
     errors = sum(r.status == "error" for r in made)
     if errors:
         return "fail", f"the grader itself failed on {errors} check(s) (not the student's fault; please report it)"
@@ -167,6 +169,6 @@ def broken_row(job, exc: BaseException | None = None, why: str = "", output: byt
     """The row of a submission × kata the grader itself could not run or judge (never the student's fault)."""
     why = why or f"the grader could not grade this (not the student's fault; please report it): {type(exc).__name__}: {exc}"
     made = [Result(c, "error", why) for c in checks.for_kata(job.kata.id).all]
-    entry = _row(job, made, "grader-error", why[:400], 0.0)
+    entry = _row(job, made, "grader-error", report.clip(why, 400), 0.0)
     entry["output"] = output.decode("utf-8", errors="replace")
     return entry
