@@ -15,12 +15,14 @@ from xml.etree import ElementTree as ET
 import pytest
 import torch
 
+from conftest import K01, KATAS, copy_repo, kvkata, slow, usage_error
 from grader import checks, grade, manifest, mistakes, targets
 from grader.classroom import plain
 from grader.engine import run_check
 from grader.classroom.record import RecordingCtx
 from grader.classroom.replay import NO_RECORD, ReplayCtx
-from test_cli import K01, KATAS, copy_repo, kvkata, usage_error
+
+pytestmark = slow  # cohort grading in worker processes, and kvkata in subprocesses
 
 REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
 STUB = (manifest.REPO_ROOT / K01.stub).read_text()
