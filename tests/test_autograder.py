@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import K01, copy_repo, kvkata, slow, usage_error
 from grader import checks, manifest, mistakes
-from test_cli import K01, copy_repo, kvkata, usage_error
+
+pytestmark = slow  # each test runs the built autograder in a subprocess
 
 REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
 MISTAKE = mistakes.catalogue("01")[0]

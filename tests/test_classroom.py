@@ -16,11 +16,13 @@ from xml.etree import ElementTree as ET
 import pytest
 import torch
 
+from conftest import K01, KATAS, copy_repo, kvkata, slow, usage_error
 from grader import checks, grade, manifest, mistakes
 from grader.engine import plain, run_check, targets
 from grader.classroom.cohort.record import RecordingCtx
 from grader.classroom.cohort.replay import NO_RECORD, ReplayCtx
-from test_cli import K01, KATAS, copy_repo, kvkata, usage_error
+
+pytestmark = slow  # cohort grading in worker processes, and kvkata in subprocesses
 
 REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
 STUB = (manifest.REPO_ROOT / K01.stub).read_text()

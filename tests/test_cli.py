@@ -13,52 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import K01, KATAS, copy_repo, git, kvkata, slow, usage_error
 from grader import manifest
 
-ROOT = manifest.REPO_ROOT
-KATAS = list(manifest.load().values())
-K01 = manifest.get("01")
-SKIP = shutil.ignore_patterns(".git", ".kvkata", "__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info",
-                              ".benchmarks", "handout-level*")
-
-
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=kvkata", "-c", "user.email=kvkata@example.com", *args], cwd=repo,
-                   check=True, capture_output=True)
-
-
-def _ignore(folder: str, names: list[str]) -> set[str]:
-    """What a copy leaves out: caches, handouts, and any virtual environment (a folder holding pyvenv.cfg),
-    whatever it is called: a venv inside the checkout holds gigabytes of torch."""
-    return set(SKIP(folder, names)) | {n for n in names if (Path(folder) / n / "pyvenv.cfg").is_file()}
-
-
-def copy_repo(dest: Path) -> Path:
-    """The repository copied to ``dest`` and committed there (so the untouched stubs are in git)."""
-    shutil.copytree(ROOT, dest, ignore=_ignore)
-    if shutil.which("git"):
-        git(dest, "init", "-q")
-        git(dest, "add", "-A")
-        git(dest, "commit", "-qm", "the katas")
-    else:  # no git: the stubs as `kvkata assign` keeps them in handouts
-        for kata in KATAS:
-            (dest / "grader" / "pristine" / kata.id).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(dest / kata.stub, dest / "grader" / "pristine" / kata.id / kata.file)
-    return dest
-
-
-def kvkata(repo: Path, *args: str, stdin: str = "", cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "KVKATA_STATE"}
-    env["PYTHONPATH"] = str(repo)
-    return subprocess.run([sys.executable, "-m", "grader.cli", *args], cwd=cwd or repo, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=300)
-
-
-def usage_error(result: subprocess.CompletedProcess, *words: str) -> None:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert result.stderr.startswith("kvkata: error:") and "Traceback" not in result.stderr, result.stderr
-    for word in words:
-        assert word in result.stderr, result.stderr
+pytestmark = slow  # kvkata in subprocesses, on a copy of the repository
 
 
 @pytest.fixture

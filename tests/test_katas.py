@@ -7,13 +7,11 @@ import re
 import pytest
 import torch
 
+from conftest import IDS, KATAS, MISTAKES, ROOT, built, first_of_each_kata_fast
 from grader import checks, grade, manifest, mistakes
 from grader.checks import conformance
 from grader.engine import Result
 
-ROOT = manifest.REPO_ROOT
-KATAS = list(manifest.load().values())
-IDS = [k.id for k in KATAS]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -60,17 +58,18 @@ def test_untouched_stub_fails_every_check_as_not_implemented(kata):
     assert all(len(r.message.splitlines()) == 1 for r in results)
 
 
-MISTAKES = [(k.id, m) for k in KATAS for m in mistakes.catalogue(k.id)]
-
-
-@pytest.mark.parametrize("kata_id,mistake", MISTAKES, ids=[f"{k}-{m.name}" for k, m in MISTAKES])
-def test_known_mistake_is_caught_and_named(kata_id, mistake):
-    built = dict((m.name, t) for m, t in mistakes.load(kata_id))
-    results = grade.grade(kata_id, built[mistake.name])
-    failed = [r for r in results if not r.passed]
+@pytest.mark.parametrize("kata_id,mistake",
+                         first_of_each_kata_fast(MISTAKES, [f"{k}-{m.name}" for k, m in MISTAKES]))
+def test_known_mistake_is_caught_and_named_alone(kata_id, mistake, grade_in_turn):
+    """Graded once: some check fails it (a failure: not a timeout, a stub or a grader error), a failing check
+    names it, and none names another mistake (a diagnosis is never wrong, tests/test_diagnosis.py)."""
+    failed = [r for r in grade_in_turn(kata_id, built(kata_id)[mistake.name]) if not r.passed]
     assert failed, f"no check catches {mistake.name!r}"
     assert all(r.status == "fail" for r in failed), [(r.check.id, r.status) for r in failed]
-    assert any(mistake.name in r.diagnoses for r in failed), [(r.check.id, r.message) for r in failed]
+    assert any(mistake.name in r.diagnoses for r in failed), [(r.check.id, r.status, r.message, r.diagnoses)
+                                                              for r in failed]
+    wrong = [(r.check.id, name) for r in failed for name in r.diagnoses if name != mistake.name]
+    assert not wrong, f"grading {mistake.name!r} also named: {wrong}"
 
 
 @pytest.mark.parametrize("kata", KATAS, ids=IDS)

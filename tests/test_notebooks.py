@@ -12,6 +12,7 @@ import sys
 import nbformat
 import pytest
 
+from conftest import slow
 from grader import checks, manifest, state
 from grader.learner import notebooks, pictures
 
@@ -99,6 +100,7 @@ class C:
         "# T\nx\n```\n# not a heading\n```", "## A\ny"]
 
 
+@slow
 def test_pictures_are_drawn_headless_from_the_references():
     import matplotlib
 
@@ -175,6 +177,7 @@ def _text(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
 
+@slow
 @pytest.mark.parametrize("kata", KATAS, ids=IDS)
 def test_notebook_runs_untouched_and_solved(kata, executed):
     nb, stopped, board = executed[kata.id]

@@ -8,8 +8,11 @@ import sys
 import pytest
 import torch
 
+from conftest import slow
 from grader import manifest
 from grader.nn import Llama, LlamaConfig
+
+pytestmark = slow  # kvkata generate in subprocesses
 
 ROOT = manifest.REPO_ROOT
 

@@ -7,6 +7,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
+from conftest import slow
 from grader import checks, manifest
 from grader.engine import report
 
@@ -14,6 +15,7 @@ ROOT = manifest.REPO_ROOT
 pytest_plugins = ["pytester"]
 CHECKS = checks.for_kata("01").all
 TOTAL = len(CHECKS)
+# Each test is a pytest subprocess; the inner loop keeps two: the untouched stub and a wrong file.
 
 
 @pytest.fixture
@@ -44,6 +46,7 @@ def test_untouched_stub_gives_one_short_line_per_check(run, tmp_path):
     assert (tmp_path / "state" / "results.json").is_file()
 
 
+@slow
 def test_reference_passes_and_header_names_everything(run):
     result = run("katas/01", "--kata-target=solution")
     assert result.ret == 0
@@ -62,6 +65,7 @@ def test_a_wrong_file_fails_with_a_diagnosis(run, tmp_path):
     assert "on input" in out and "expected" in out
 
 
+@slow
 def test_a_hanging_target_fails_alone_after_the_timeout(run, tmp_path):
     source = (ROOT / "solutions/01/append.py").read_text().replace(
         "    if cache is None:\n        return k_new, v_new\n", "    while True:\n        pass\n")
@@ -72,6 +76,7 @@ def test_a_hanging_target_fails_alone_after_the_timeout(run, tmp_path):
     result.assert_outcomes(failed=1, passed=1)
 
 
+@slow
 def test_a_crash_in_learner_code_fails_that_check_only(run, tmp_path):
     target = _write(tmp_path, "crash.py", (ROOT / "solutions/01/append.py").read_text().replace(
         "        return self._layers[layer]\n\n    def seq_len", "        return 1 / 0\n\n    def seq_len"))
@@ -84,6 +89,7 @@ def test_a_crash_in_learner_code_fails_that_check_only(run, tmp_path):
     assert outcomes.get("passed", 0) >= sum(not c.uses.startswith("DynamicKVCache") for c in CHECKS) - 1, out
 
 
+@slow
 def test_a_file_that_does_not_import_fails_every_check_with_the_reason(run, tmp_path):
     target = _write(tmp_path, "broken.py", "def append_kv(:\n")
     result = run("katas/01", f"--kata-target={target}")
@@ -91,6 +97,7 @@ def test_a_file_that_does_not_import_fails_every_check_with_the_reason(run, tmp_
     result.assert_outcomes(failed=TOTAL)
 
 
+@slow
 def test_bad_option_values_and_unknown_katas_are_rejected_with_the_valid_ones(run):
     result = run("katas/01", "--kata-device=tpu")
     assert result.ret != 0 and "expected one of auto, cpu, cuda" in result.stderr.str()

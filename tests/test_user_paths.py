@@ -37,7 +37,7 @@ from packaging.utils import canonicalize_name
 
 from grader import manifest, mistakes
 from grader.classroom import autograder, handouts
-from test_cli import copy_repo
+from conftest import copy_repo
 from test_public import leaked
 
 pytestmark = pytest.mark.slow

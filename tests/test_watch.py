@@ -13,9 +13,11 @@ import time
 
 import pytest
 
+from conftest import K01, copy_repo, slow
 from grader import grade, manifest, mistakes, state
 from grader.learner import changes
-from test_cli import K01, copy_repo
+
+pytestmark = slow  # kvkata watch in a subprocess, waiting for its verdicts
 
 REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
 MISTAKE = mistakes.catalogue("01")[0]

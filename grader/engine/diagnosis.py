@@ -228,6 +228,13 @@ def theirs(ctx: Ctx, mistake, target, check_id: str, site_number: int, body: Cal
     return _THEIRS[key]
 
 
+def forget() -> None:
+    """Drop what this process remembers (listed calls, drawn inputs, mistakes' outcomes): the
+    project's tests start each test from nothing, so that no test's time depends on the tests before."""
+    for memory in (_LISTED, _DRAWN, _THEIRS):
+        memory.clear()
+
+
 def runs(inputs: list, ctx: Ctx, suspects: list) -> dict:
     return {m.name: [theirs(ctx, m, t, c.id, site.number, site.body, e) for c, site, e, _ in inputs]
             for m, t in suspects}
