@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import K01, KATAS, copy_repo, git, kvkata, slow, usage_error
+from conftest import K01, KATAS, ROOT, copy_repo, git, kvkata, slow, usage_error
 from grader import manifest
 
 pytestmark = slow  # kvkata in subprocesses, on a copy of the repository
