@@ -14,8 +14,11 @@ import sys
 import pytest
 import torch
 
+from conftest import slow
 from grader import manifest, models
 from grader.engine import targets
+
+pytestmark = slow  # converts a real 135M-parameter model and runs it against transformers (minutes)
 
 ROOT = manifest.REPO_ROOT
 PROMPTS = ["What is a KV cache?", "The capital of France is", "def fib(n):\n    return fib(n - 1) +"]
