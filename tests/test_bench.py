@@ -140,7 +140,8 @@ def test_the_notes_say_what_miss_and_noisy_mean():
 
 
 def test_speculative_and_serving_lines_flag_noisy_speeds():
-    from grader import bench_k12, bench_k13
+    from grader.bench import k12 as bench_k12
+    from grader.bench import k13 as bench_k13
 
     plain = {"decoder": "plain", "tokens_per_s": 100.0, "noisy": True}
     draft = {"decoder": "speculative", "draft": "close", "k": 4, "tokens_per_s": 250.0, "acceptance": 0.9,

@@ -149,7 +149,7 @@ def test_corrupt_state_is_moved_aside_with_a_warning(repo):
 # -- the quiz ----------------------------------------------------------------------------------
 def _quiz(kata, lines: list[str]) -> tuple[int, str]:
     """Run the quiz of ``kata`` on these input lines; (exit code, everything it printed)."""
-    from grader import sessions
+    from grader.learner import sessions
 
     said, fed = [], iter(lines)
 
@@ -162,7 +162,7 @@ def _quiz(kata, lines: list[str]) -> tuple[int, str]:
 
 
 def test_every_numeric_follow_up_states_its_value_in_its_answer():
-    from grader import sessions
+    from grader.learner import sessions
 
     for kata in KATAS:
         for f in (f for f in kata.followups if f.value is not None):
@@ -214,7 +214,8 @@ def _board_line(kata_id: str) -> str:
 
 
 def test_the_board_keeps_a_notebooks_results_apart_from_the_files(tmp_path, monkeypatch):
-    from grader import grade, learner
+    from grader import grade
+    from grader.learner import tools as learner
 
     monkeypatch.setenv("KVKATA_STATE", str(tmp_path / "state"))
     kata = manifest.get("04")
