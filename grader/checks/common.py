@@ -224,3 +224,12 @@ def expect_value_error_soon(ctx, build, x: torch.Tensor, what: str, names: tuple
                      example, ("unnamed", what))
         return
     expect_value_error(ctx, layer, x, what=f"{what}, then called on x", names=names, example=example)
+
+
+def expect_no_bias(ctx, layer, example: dict | None = None, names=("wq", "wk", "wv", "wo")) -> None:
+    """SPEC: the attention layers' projections are ``nn.Linear(..., bias=False)`` (the checks zero any bias
+    they load, so only looking can tell)."""
+    biased = [name for name in names if getattr(getattr(layer, name, None), "bias", None) is not None]
+    if biased:
+        ctx.fail(f"{', '.join(biased)} {'has' if len(biased) == 1 else 'have'} a bias; the attention layers are "
+                 "nn.Linear(..., bias=False)", example, ("bias", tuple(biased)))
