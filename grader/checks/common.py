@@ -175,6 +175,7 @@ def bad_caches(K: torch.Tensor, V: torch.Tensor) -> list[tuple[str, object]]:
         ("a cache with twice the head width", (torch.cat([K, K], 3), torch.cat([V, V], 3))),
         ("a cache of another batch size", (torch.cat([K, K], 0), torch.cat([V, V], 0))),
         ("a cache without its batch axis", (K[0], V[0])),
+        ("a cache with an extra trailing axis", (K[..., None], V[..., None])),
         (f"a cache in {str(other).removeprefix('torch.')}", (K.to(other), V.to(other))),
     ]
 
