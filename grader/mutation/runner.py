@@ -71,6 +71,9 @@ def _fork(kata, reference, source: str, label: str, timeout: float) -> tuple[int
         code = 0
         try:
             os.close(read_end)
+            quiet = os.open(os.devnull, os.O_WRONLY)  # what a mutant prints or warns is not the report
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
             data = json.dumps(_grade(kata, reference, source, label, timeout)).encode()
             while data:
                 data = data[os.write(write_end, data):]
