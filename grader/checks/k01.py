@@ -162,7 +162,7 @@ def attention_prefill(ctx):
 
     ctx.forall(attention_run(), body)
     envelope.run(ctx, ATTENTION, ("large", "half", "strided", "magnitude"), body,
-                 large={"n_heads": 16, "d_model": 128, "prompt": 300})
+                 large={"n_heads": 16, "d_model": 64, "prompt": 300})
 
 
 ATTENTION = {"batch": 2, "d_model": 16, "n_heads": 2, "prompt": 5, "decode_steps": 2, "dtype": torch.float32, "seed": 9}
@@ -176,7 +176,7 @@ def attention_decode(ctx):
 
     ctx.forall(attention_run().filter(lambda e: e["decode_steps"] > 0), body)
     envelope.run(ctx, ATTENTION, ("large", "half", "magnitude"), body,
-                 large={"batch": 1, "n_heads": 16, "d_model": 128, "prompt": 270, "decode_steps": 2})
+                 large={"batch": 1, "n_heads": 16, "d_model": 64, "prompt": 270, "decode_steps": 2})
 
 
 @CHECKS.add("a decode step projects only the new token", uses="CachedAttention.forward")
