@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     text = summary.render(results, listed)
     print(text, end="")
     if args.report:
-        args.report.write_text(text, encoding="utf-8")
+        command = " ".join(["python -m grader.mutation", *args.katas] + ([f"--only {args.only!r}"] if args.only else []))
+        args.report.write_text(f"# Mutation testing of the references\n\nReproduce: `{command}`\n\n{text}", encoding="utf-8")
     return 0 if all(not f.surviving for f in results) else 1
 
 
