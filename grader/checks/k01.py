@@ -52,7 +52,8 @@ def append_kv_grows(ctx):
         c.differential(ex, lambda api, e: _grow(api, c, e), "append_kv(cache, k_new, v_new), called chunk after chunk")
 
     ctx.forall(kv_growth(), body)
-    envelope.run(ctx, GROWTH, ("large", "half", "strided"), body, large={"heads": 16, "chunks": [300, 1, 24]})
+    envelope.run(ctx, GROWTH, ("large", "half", "strided"), body,
+                 large={"batch": 1, "heads": 16, "head_dim": 4, "chunks": [257, 1]})
 
 
 @CHECKS.add("append_kv rejects bad input with a ValueError naming the argument", uses="append_kv")
@@ -114,7 +115,7 @@ def dynamic_cache_per_layer(ctx):
 
     ctx.forall(cache_steps(), body)
     base = {"layers": 2, "batch": 1, "heads": 2, "head_dim": 4, "chunks": [2, 1], "dtype": torch.float32, "seed": 3}
-    envelope.run(ctx, base, ("large", "half"), body, large={"heads": 16, "chunks": [280, 1]})
+    envelope.run(ctx, base, ("large", "half"), body, large={"heads": 16, "chunks": [257, 1]})
 
 
 @st.composite
@@ -161,8 +162,7 @@ def attention_prefill(ctx):
                               "prefill: layer(x) with cache=None")
 
     ctx.forall(attention_run(), body)
-    envelope.run(ctx, ATTENTION, ("large", "half", "strided", "magnitude"), body,
-                 large={"n_heads": 16, "d_model": 64, "prompt": 300})
+    envelope.run(ctx, ATTENTION, ("half", "strided", "magnitude"), body)  # the decode check runs the large prefill
 
 
 ATTENTION = {"batch": 2, "d_model": 16, "n_heads": 2, "prompt": 5, "decode_steps": 2, "dtype": torch.float32, "seed": 9}
@@ -176,7 +176,7 @@ def attention_decode(ctx):
 
     ctx.forall(attention_run().filter(lambda e: e["decode_steps"] > 0), body)
     envelope.run(ctx, ATTENTION, ("large", "half", "magnitude"), body,
-                 large={"batch": 1, "n_heads": 16, "d_model": 64, "prompt": 270, "decode_steps": 2})
+                 large={"batch": 1, "n_heads": 16, "d_model": 64, "prompt": 257, "decode_steps": 1})
 
 
 @CHECKS.add("a decode step projects only the new token", uses="CachedAttention.forward")
