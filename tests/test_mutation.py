@@ -86,3 +86,11 @@ def test_every_non_equivalent_mutant_is_killed(kata_id):
     outcomes = runner.run(kata_id, jobs=2)
     figures = summary.figures(kata_id, outcomes, summary.equivalents())
     assert not figures.surviving, [o.mutant.id for o in figures.surviving]
+
+
+def test_a_handout_leaves_out_the_mutation_tools_and_their_lists(tmp_path):
+    from grader.classroom import handouts
+
+    handouts._copy_grader(tmp_path / "grader", [manifest.get("01")])
+    assert not [p.name for p in (tmp_path / "grader").iterdir() if p.name.startswith("mutation")]
+    assert (tmp_path / "grader" / "checks" / "envelope.py").is_file()  # the checks need it

@@ -134,6 +134,8 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         skip = {n for n in names if n in ("__pycache__", "pristine", "public", "mistakes") or n.endswith(".pyc")}
+        if Path(folder) == manifest.PACKAGE_DIR:  # mutation testing needs the references, and its lists quote them
+            skip |= {n for n in names if n in ("mutation", "mutation_equivalents.toml", "mutation_report.md")}
         if Path(folder).name == "checks":
             skip |= {n for n in names if re.fullmatch(r"k(\w+)\.py", n) and n[1:-3] not in ids}
         return skip
