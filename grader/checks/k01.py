@@ -5,10 +5,10 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices
+from grader.checks.support import devices, envelope
 from grader.checks.support.common import (DTYPES, SEEDS, bad_caches, chunks, count_rows, expect_bad_caches_refused,
-                                          expect_pair, expect_value_error, held_tensors, interleaved, load_linears,
-                                          named, randn, value_error_names)
+                                          expect_no_bias, expect_pair, expect_value_error, held_tensors, interleaved,
+                                          load_linears, named, randn, value_error_names)
 from grader.engine import Checks
 
 CHECKS = Checks("01")
@@ -29,8 +29,8 @@ def kv_growth(draw):
 
 def _kv(ex, index, length, device):
     shape = (ex["batch"], ex["heads"], length, ex["head_dim"])
-    k = randn(ex["seed"] + 2 * index, *shape, dtype=ex["dtype"], device=device)
-    v = randn(ex["seed"] + 2 * index + 1, *shape, dtype=ex["dtype"], device=device)
+    k = envelope.tensor(ex, ex["seed"] + 2 * index, *shape, device=device)
+    v = envelope.tensor(ex, ex["seed"] + 2 * index + 1, *shape, device=device)
     return k, v
 
 
@@ -43,10 +43,17 @@ def _grow(api, ctx, ex):
     return seen
 
 
+GROWTH = {"batch": 2, "heads": 4, "head_dim": 8, "chunks": [3, 1, 2], "dtype": torch.float32, "seed": 5}
+
+
 @CHECKS.add("append_kv grows the cache along the sequence axis", uses="append_kv")
 def append_kv_grows(ctx):
-    ctx.forall(kv_growth(), lambda c, ex: c.differential(ex, lambda api, e: _grow(api, c, e),
-                                                          "append_kv(cache, k_new, v_new), called chunk after chunk"))
+    def body(c, ex):
+        c.differential(ex, lambda api, e: _grow(api, c, e), "append_kv(cache, k_new, v_new), called chunk after chunk")
+
+    ctx.forall(kv_growth(), body)
+    envelope.run(ctx, GROWTH, ("large", "half", "strided"), body,
+                 large={"batch": 1, "heads": 16, "head_dim": 4, "chunks": [257, 1]})
 
 
 @CHECKS.add("append_kv rejects bad input with a ValueError naming the argument", uses="append_kv")
@@ -55,7 +62,12 @@ def append_kv_rejects_bad_input(ctx):
         k, v = _kv(ex, 0, 2, c.device)
         cases = [
             ("k_new without a head axis", (None, k[:, 0], v), ("k_new",)),
+            ("k_new and v_new without a head axis", (None, k[:, 0], v[:, 0]), ("k_new", "v_new")),
+            ("k_new and v_new with an extra axis", (None, k[None], v[None]), ("k_new", "v_new")),
+            ("k_new that is not a tensor", (None, k.tolist(), v), ("k_new",)),
+            ("v_new that is not a tensor", (None, k, v.tolist()), ("v_new",)),
             ("v_new longer than k_new", (None, k, torch.cat([v, v], 2)), ("v_new", "k_new")),
+            ("v_new shorter than k_new", (None, k, v[:, :, :1]), ("v_new", "k_new")),
             ("k_new with another head count than the cache", ((k, v), torch.cat([k, k], 1), torch.cat([v, v], 1)), ("k_new", "cache")),
             ("k_new with another head width than the cache", ((k, v), torch.cat([k, k], 3), torch.cat([v, v], 3)), ("k_new", "cache")),
         ]
@@ -88,14 +100,19 @@ def _drive_cache(api, ctx, ex):
             seen[f"step {step}: seq_len({layer}) after update({layer})"] = cache.seq_len(layer)
             seen[f"step {step}: seq_len({layer + 1}) after update({layer})"] = cache.seq_len(layer + 1)
         seen[f"step {step}: len(cache)"] = len(cache)
+        seen[f"step {step}: seq_len() (layer 0 by default)"] = cache.seq_len()
     return seen
 
 
 @CHECKS.add("DynamicKVCache keeps one growing cache per layer", uses="DynamicKVCache")
 def dynamic_cache_per_layer(ctx):
-    ctx.forall(cache_steps(), lambda c, ex: c.differential(
-        ex, lambda api, e: _drive_cache(api, c, e),
-        "a model's loop: each step calls update(layer, k, v) for layer 0, 1, ... then reads seq_len and len"))
+    def body(c, ex):
+        c.differential(ex, lambda api, e: _drive_cache(api, c, e),
+                       "a model's loop: each step calls update(layer, k, v) for layer 0, 1, ... then reads seq_len and len")
+
+    ctx.forall(cache_steps(), body)
+    base = {"layers": 2, "batch": 1, "heads": 2, "head_dim": 4, "chunks": [2, 1], "dtype": torch.float32, "seed": 3}
+    envelope.run(ctx, base, ("large", "half"), body, large={"heads": 16, "chunks": [257, 1]})
 
 
 @st.composite
@@ -121,7 +138,7 @@ def _layer(api, ex, device):
 
 def _tokens(ex, device):
     total = ex["prompt"] + ex["decode_steps"]
-    return randn(ex["seed"] + 7, ex["batch"], total, ex["d_model"], dtype=ex["dtype"], device=device)
+    return envelope.tensor(ex, ex["seed"] + 7, ex["batch"], total, ex["d_model"], device=device)
 
 
 def _generate(api, ctx, ex):
@@ -137,14 +154,26 @@ def _generate(api, ctx, ex):
 
 @CHECKS.add("CachedAttention prefill: causal attention over the prompt", uses="CachedAttention.forward")
 def attention_prefill(ctx):
-    ctx.forall(attention_run(), lambda c, ex: c.differential(
-        {**ex, "decode_steps": 0}, lambda api, e: _generate(api, c, e), "prefill: layer(x) with cache=None"))
+    def body(c, ex):
+        envelope.differential(c, {**ex, "decode_steps": 0}, lambda api, e: _generate(api, c, e),
+                              "prefill: layer(x) with cache=None")
+
+    ctx.forall(attention_run(), body)
+    envelope.run(ctx, ATTENTION, ("half", "strided", "magnitude"), body)  # the decode check runs the large prefill
+
+
+ATTENTION = {"batch": 2, "d_model": 16, "n_heads": 2, "prompt": 5, "decode_steps": 2, "dtype": torch.float32, "seed": 9}
 
 
 @CHECKS.add("CachedAttention decode steps match the uncached forward", uses="CachedAttention.forward")
 def attention_decode(ctx):
-    ctx.forall(attention_run().filter(lambda e: e["decode_steps"] > 0), lambda c, ex: c.differential(
-        ex, lambda api, e: _generate(api, c, e), "prefill, then one-token steps that pass the returned cache back in"))
+    def body(c, ex):
+        envelope.differential(c, ex, lambda api, e: _generate(api, c, e),
+                              "prefill, then one-token steps that pass the returned cache back in")
+
+    ctx.forall(attention_run().filter(lambda e: e["decode_steps"] > 0), body)
+    envelope.run(ctx, ATTENTION, ("large", "half", "magnitude"), body,
+                 large={"batch": 1, "n_heads": 16, "d_model": 64, "prompt": 257, "decode_steps": 1})
 
 
 @CHECKS.add("a decode step projects only the new token", uses="CachedAttention.forward")
@@ -171,6 +200,8 @@ def attention_rejects_bad_input(ctx):
         layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
         c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
+        expect_value_error(c, layer, x[None], what="forward with x carrying an extra axis", names=("x",), example=ex)
+        expect_no_bias(c, layer, ex)
 
     ctx.forall(attention_run(), body, max_examples=2)
 
@@ -180,7 +211,9 @@ def append_kv_rejects_bad_cache(ctx):
     def body(c, ex):
         K, V = _kv(ex, 0, 3, c.device)
         k, v = _kv(ex, 1, 1, c.device)
-        for what, cache in bad_caches(K, V):
+        lists = [("a cache of two lists", (K.tolist(), V.tolist())), ("a cache whose K is a list", (K.tolist(), V)),
+                 ("a cache whose V is a list", (K, V.tolist()))]
+        for what, cache in bad_caches(K, V) + lists:
             expect_value_error(c, c.t.append_kv, cache, k, v, what=f"append_kv with {what}", names=("cache", "k_new"),
                                example=ex)
         other = torch.float32 if ex["dtype"] == torch.float64 else torch.float64
@@ -251,6 +284,11 @@ def attention_rejects_bad_cache(ctx):
         for args in ((d, d + 1), (d, 0), (0, h), (d, -h)):
             expect_value_error(c, c.t.CachedAttention, *args, what=f"CachedAttention(d_model={args[0]}, n_heads={args[1]})",
                                names=("d_model", "n_heads"), example=ex)
+        try:  # the smallest layer is valid: one head of width 1
+            c.t.CachedAttention(1, 1)
+        except ValueError as exc:
+            c.fail(f"CachedAttention(d_model=1, n_heads=1) raised ValueError({str(exc)!r}); one head of width 1 "
+                   "is a valid layer", ex, ("rejected", "smallest"))
 
     ctx.forall(attention_run().filter(lambda e: e["decode_steps"] > 0), body, max_examples=2)
 

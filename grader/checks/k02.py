@@ -5,10 +5,10 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices
+from grader.checks.support import devices, envelope
 from grader.checks.support.common import (DTYPES, SEEDS, chunks, chunks_and_whole, expect_bad_caches_refused,
-                                          expect_pair, expect_value_error, expect_value_error_soon, hidden_states,
-                                          load_linears, named, run_chunks, two_sequences)
+                                          expect_no_bias, expect_pair, expect_value_error, expect_value_error_soon,
+                                          hidden_states, load_linears, named, run_chunks, two_sequences)
 from grader.engine import Checks, Failure
 from grader.nn import apply_rope
 
@@ -88,7 +88,8 @@ def rope_run(draw, min_prefill: int = 1):
 
 def _layer(api, ex, device):
     d = ex["d_model"]
-    layer = api.RopeAttention(d, ex["n_heads"], rope_base=ex["rope_base"]).to(device=device, dtype=ex["dtype"])
+    base = {} if ex["rope_base"] is None else {"rope_base": ex["rope_base"]}  # None: the default base
+    layer = api.RopeAttention(d, ex["n_heads"], **base).to(device=device, dtype=ex["dtype"])
     try:
         load_linears(layer, {name: (d, d) for name in ("wq", "wk", "wv", "wo")}, ex["seed"], "RopeAttention")
     except Failure as failure:  # say which layer sizes were asked for
@@ -98,7 +99,8 @@ def _layer(api, ex, device):
 
 
 def _chunked(api, ctx, ex):
-    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, hidden_states(ex, ctx.device), ex["lengths"])
+    x = envelope.tensor(ex, ex["seed"] + 7, ex["batch"], sum(ex["lengths"]), ex["d_model"], device=ctx.device)
+    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, x, ex["lengths"])
 
 
 @CHECKS.add("RopeAttention prefill: causal attention with RoPE from position 0", uses="RopeAttention.forward")
@@ -118,6 +120,14 @@ def rope_chunked(ctx):
         ex, lambda api, e: _chunked(api, c, e),
         "a prompt fed in chunks (chunked prefill), then one-token steps, each call passing the returned cache back in"),
         max_examples=15)
+
+    def wide(c, ex):
+        envelope.differential(c, ex, lambda api, e: _chunked(api, c, e),
+                              "a prompt in chunks, then a decode step, with the default rope_base")
+    base = {"batch": 2, "d_model": 16, "n_heads": 2, "rope_base": None, "lengths": [5, 2, 1], "dtype": torch.float32,
+            "seed": 6}
+    envelope.run(ctx, base, ("large", "half", "strided", "magnitude"), wide,
+                 large={"batch": 1, "d_model": 64, "n_heads": 16, "lengths": [257, 1]})
 
 
 @CHECKS.add("the cache stores keys rotated at their true positions", uses="RopeAttention.forward")
@@ -146,6 +156,13 @@ def rope_rejects_bad_input(ctx):
         layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
+        expect_value_error(c, layer, x[None], what="forward with x carrying an extra axis", names=("x",), example=ex)
+        expect_no_bias(c, layer, ex)
+        try:  # the smallest layer is valid: one head of width 2
+            c.t.RopeAttention(2, 1)
+        except ValueError as exc:
+            c.fail(f"RopeAttention(d_model=2, n_heads=1) raised ValueError({str(exc)!r}); one head of width 2 "
+                   "is a valid layer", ex, ("rejected", "smallest"))
 
     ctx.forall(rope_run(), body, max_examples=2)
 

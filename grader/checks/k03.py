@@ -5,7 +5,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices
+from grader.checks.support import devices, envelope
 from grader.checks.support.common import (DTYPES, SEEDS, chunks, chunks_and_whole, count_rows,
                                           expect_bad_caches_refused, expect_pair, expect_value_error,
                                           expect_value_error_soon, hidden_states, load_linears, named, randn,
@@ -91,7 +91,9 @@ def _shapes(ex):
 
 def _layer(api, ex, device):
     extra = {} if ex["head_dim"] is None else {"head_dim": ex["head_dim"]}
-    layer = api.GQAttention(ex["d_model"], ex["n_q_heads"], ex["n_kv_heads"], rope_base=ex["rope_base"], **extra)
+    if ex["rope_base"] is not None:  # None: the default base
+        extra["rope_base"] = ex["rope_base"]
+    layer = api.GQAttention(ex["d_model"], ex["n_q_heads"], ex["n_kv_heads"], **extra)
     layer = layer.to(device=device, dtype=ex["dtype"])
     try:
         load_linears(layer, _shapes(ex), ex["seed"], "GQAttention")
@@ -105,7 +107,8 @@ def _layer(api, ex, device):
 
 
 def _chunked(api, ctx, ex):
-    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, hidden_states(ex, ctx.device), ex["lengths"])
+    x = envelope.tensor(ex, ex["seed"] + 7, ex["batch"], sum(ex["lengths"]), ex["d_model"], device=ctx.device)
+    return chunks_and_whole(_layer(api, ex, ctx.device), ctx, x, ex["lengths"])
 
 
 @CHECKS.add("GQAttention declares wq, wk, wv, wo with the grouped-query shapes", uses="GQAttention")
@@ -151,6 +154,14 @@ def gqa_chunked(ctx):
     ctx.forall(gqa_run(min_rep=2, explicit_head_dim=True).filter(lambda e: len(e["lengths"]) > 1),
                lambda c, ex: c.differential(ex, lambda api, e: _chunked(api, c, e),
                                             "the same, with head_dim given explicitly"), max_examples=5)
+
+    def wide(c, ex):
+        envelope.differential(c, ex, lambda api, e: _chunked(api, c, e),
+                              "a prompt in chunks, then a decode step, with the default rope_base")
+    base = {"batch": 2, "d_model": 16, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": None, "rope_base": None,
+            "lengths": [5, 2, 1], "dtype": torch.float32, "seed": 4}
+    envelope.run(ctx, base, ("large", "half", "strided", "magnitude"), wide,
+                 large={"batch": 1, "d_model": 64, "n_q_heads": 16, "n_kv_heads": 4, "lengths": [257, 1]})
 
 
 @CHECKS.add("the cache holds n_kv_heads heads, not n_q_heads", uses="GQAttention.forward")
@@ -200,6 +211,12 @@ def gqa_rejects_bad_input(ctx):
         layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
+        expect_value_error(c, layer, x[None], what="forward with x carrying an extra axis", names=("x",), example=ex)
+        try:  # the smallest layer is valid: d_model 1, one head of width 2
+            c.t.GQAttention(1, 1, 1, head_dim=2)
+        except ValueError as exc:
+            c.fail(f"GQAttention(d_model=1, n_q_heads=1, n_kv_heads=1, head_dim=2) raised ValueError({str(exc)!r}); "
+                   "it is a valid layer", ex, ("rejected", "smallest"))
 
     ctx.forall(gqa_run(), body, max_examples=2)
 

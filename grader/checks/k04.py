@@ -348,6 +348,10 @@ def from_config_rejects_bad_input(ctx):
         ("a negative batch", _config_case(LLAMA3_8B, -1, 8), ("batch",)),
         ("a negative seq_len", _config_case(LLAMA3_8B, 1, -8), ("seq_len",)),
         ("a negative bytes_per_elem", _config_case(LLAMA3_8B, 1, 8, -2), ("bytes_per_elem",)),
+        ("\"num_key_value_heads\": 0 (a zero is not a missing field)",
+         _config_case({**LLAMA3_8B, "num_key_value_heads": 0}, 1, 8), ("num_key_value_heads",)),
+        ("\"head_dim\": 0 (a zero is not a missing field)", _config_case({**LLAMA3_8B, "head_dim": 0}, 1, 8),
+         ("head_dim",)),
     ])
 
 

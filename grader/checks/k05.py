@@ -13,8 +13,8 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices
-from grader.checks.support.common import DTYPES, SEEDS, attention, randn, value_error_names
+from grader.checks.support import devices, envelope
+from grader.checks.support.common import (DTYPES, SEEDS, attention, randn, value_error_names)
 from grader.engine import Checks, Failure
 
 CHECKS = Checks("05")
@@ -51,7 +51,7 @@ def programs(draw, resets=False, overflow=False, max_ops=8):
 
 def _kv(ex, index, length, device):
     shape = (ex["batch"], ex["n_kv_heads"], length, ex["head_dim"])
-    return tuple(randn(ex["seed"] + 2 * index + j, *shape, dtype=ex["dtype"], device=device) for j in (0, 1))
+    return tuple(envelope.tensor(ex, ex["seed"] + 2 * index + j, *shape, device=device) for j in (0, 1))
 
 
 class _Model:
@@ -262,6 +262,7 @@ def buffers_as_asked(ctx):
 @CHECKS.add("update writes at each layer's own position; seq_len counts per layer", uses="StaticKVCache.update")
 def update_writes_per_layer(ctx):
     ctx.forall(programs(max_ops=10), lambda c, ex: _run(c, ex, ("contents",)), max_examples=20)
+    envelope.run(ctx, WIDE, ("large", "half", "strided"), lambda c, ex: _run(c, ex, ("contents",)), large=LARGE)
 
 
 @CHECKS.add("the buffers are allocated once: update and reset keep the same tensors and memory",
@@ -279,6 +280,7 @@ def attention_mask_exact(ctx):
             uses="StaticKVCache.attention_mask")
 def attention_over_whole_buffers(ctx):
     ctx.forall(programs(resets=True), lambda c, ex: _run(c, ex, ("attention",)), max_examples=15)
+    envelope.run(ctx, WIDE, ("large", "magnitude"), lambda c, ex: _run(c, ex, ("attention",)), large=LARGE)
 
 
 @CHECKS.add("an update that does not fit raises CacheFullError and writes nothing", uses="StaticKVCache.update")
@@ -376,6 +378,13 @@ def rejects_bad_sizes(ctx):
                 _rejects(c, ex, what, (name,), c.t.StaticKVCache, *args.values(), device=c.device)
 
     ctx.case({"seed": 0}, body)
+
+
+# The envelope's base (two layers, a chunk, a decode step, a reset) and its large case: 16 heads, 300 slots.
+WIDE = {"n_layers": 2, "batch": 2, "max_len": 8, "n_kv_heads": 2, "head_dim": 4, "dtype": torch.float32,
+        "ops": [("update", 0, 3), ("update", 1, 2), ("update", 0, 1), ("reset",), ("update", 1, 4)], "seed": 8}
+LARGE = {"batch": 1, "max_len": 300, "n_kv_heads": 16, "head_dim": 8,
+         "ops": [("update", 0, 280), ("update", 1, 1), ("update", 0, 20), ("reset",), ("update", 1, 299)]}
 
 
 # Worked by hand: each layer is filled in one update of exactly max_len tokens (the last slot fits),

@@ -165,6 +165,8 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         skip = {n for n in names if n in NOT_IN_A_HANDOUT or n.endswith(".pyc")}
+        if Path(folder) == manifest.PACKAGE_DIR:  # mutation testing needs the references, and its lists quote them
+            skip |= {n for n in names if n in ("mutation", "mutation_equivalents.toml", "mutation_report.md")}
         if Path(folder) == checks_dir:
             skip |= {n for n in names if n.endswith(".py") and n not in kept}
         if Path(folder) == checks_dir / "promises":  # the promise tables of its own katas only

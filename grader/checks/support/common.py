@@ -175,6 +175,7 @@ def bad_caches(K: torch.Tensor, V: torch.Tensor) -> list[tuple[str, object]]:
         ("a cache with twice the head width", (torch.cat([K, K], 3), torch.cat([V, V], 3))),
         ("a cache of another batch size", (torch.cat([K, K], 0), torch.cat([V, V], 0))),
         ("a cache without its batch axis", (K[0], V[0])),
+        ("a cache with an extra trailing axis", (K[..., None], V[..., None])),
         (f"a cache in {str(other).removeprefix('torch.')}", (K.to(other), V.to(other))),
     ]
 
@@ -240,3 +241,12 @@ def two_sequences(layer, ctx, ex: dict):
     xa = hidden_states(ex, ctx.device)
     xb = hidden_states({**ex, "seed": ex["seed"] + 1, "lengths": [2] + ex["lengths"]}, ctx.device)
     return interleaved(layer, ctx, xa, xb, ex["lengths"], [2] + ex["lengths"][::-1])
+
+
+def expect_no_bias(ctx, layer, example: dict | None = None, names=("wq", "wk", "wv", "wo")) -> None:
+    """SPEC: the attention layers' projections are ``nn.Linear(..., bias=False)`` (the checks zero any bias
+    they load, so only looking can tell)."""
+    biased = [name for name in names if getattr(getattr(layer, name, None), "bias", None) is not None]
+    if biased:
+        ctx.fail(f"{', '.join(biased)} {'has' if len(biased) == 1 else 'have'} a bias; the attention layers are "
+                 "nn.Linear(..., bias=False)", example, ("bias", tuple(biased)))
