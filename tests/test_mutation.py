@@ -93,4 +93,4 @@ def test_a_handout_leaves_out_the_mutation_tools_and_their_lists(tmp_path):
 
     handouts._copy_grader(tmp_path / "grader", [manifest.get("01")])
     assert not [p.name for p in (tmp_path / "grader").iterdir() if p.name.startswith("mutation")]
-    assert (tmp_path / "grader" / "checks" / "envelope.py").is_file()  # the checks need it
+    assert (tmp_path / "grader" / "checks" / "support" / "envelope.py").is_file()  # the checks need it
