@@ -132,7 +132,7 @@ def check(session: dict, device: str = "cpu", seed: int = 0, timeout: float | No
     k = learner.kata(session["kata"])
     results = learner.grade_file(k, session["file"], device=device, seed=seed, timeout=timeout)
     lines = [f"interview session {session['id']} · kata {k.id} · {session['file']}"]
-    lines += learner.result_lines(results) + ["", grade.summary(k, results),
+    lines += render.result_lines(results) + ["", grade.summary(k, results),
                                               f"time: {time_left(session)} — finish with `kvkata submit`"]
     return "\n".join(lines), int(not all(r.passed for r in results))
 
