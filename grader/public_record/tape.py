@@ -80,6 +80,10 @@ class Recorder(Ctx):
             return example
 
     def differential(self, example: dict, run, what: str = "") -> None:
+        self.expected(example, run, what)  # the target here is the reference: nothing to compare
+
+    def expected(self, example: dict, run, what: str = ""):
+        """The reference's answer, written down for the handout (which replays it as ``expected``)."""
         entry, self.entry = self.entry, None  # the reference runs whole here: its inner calls are not questions
         try:
             expected = run(self.raw_ref, example)
@@ -96,6 +100,7 @@ class Recorder(Ctx):
                             "its results cannot be recorded")
         if entry is not None:
             entry["expected"].append(seen)
+        return expected
 
     def note(self, op: dict) -> None:
         if self.entry is not None:
