@@ -16,6 +16,7 @@ class BlockAllocator:
     """Hands out block ids and counts the holders of each. Bookkeeping only: no tensors."""
 
     def __init__(self, num_blocks: int):
+        """``num_blocks`` blocks, all free. ValueError unless it is a positive int."""
         if not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks: expected a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
@@ -72,6 +73,8 @@ class PagedKVCache:
 
     def __init__(self, num_blocks: int, block_size: int, n_layers: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device=None):
+        """Make ``allocator`` (a BlockAllocator) and ``k_pages``, ``v_pages``: one zero tensor
+        (N, H, P, D) per layer, allocated once. ValueError on a size that is not a positive int."""
         for name, value in (("block_size", block_size), ("n_layers", n_layers),
                             ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
             if not isinstance(value, int) or value <= 0:
