@@ -108,13 +108,12 @@ RIGHT = [
        "filled = int(torch.tensor(self.seq_len(layer), device=self.keys[layer].device).item())")]),
     ("06", "slots from tensor arithmetic on the CPU, moved to the pages' device",
      [("        slots = [table[p // P] * P + p % P for p in range(length, length + n_tokens)]  # the README's slot formula\n"
-       "        return torch.tensor(slots, dtype=torch.long, device=self.k_pages[0].device)  # (T,)\n",
+       "        return torch.tensor(slots, dtype=torch.long)  # (T,) on the CPU: indices from there index the pages too\n",
        "        positions = torch.arange(length, length + n_tokens)  # (T,)\n"
        "        blocks = torch.tensor(table, dtype=torch.long)[positions // P]  # (T,)\n"
        "        return (blocks * P + positions % P).to(self.k_pages[0].device)\n")]),
-    ("06", "slots left on the CPU, which index the pages as well",
-     [("return torch.tensor(slots, dtype=torch.long, device=self.k_pages[0].device)",
-       "return torch.tensor(slots, dtype=torch.long)")]),
+    ("06", "slots made on the pages' device",
+     [("return torch.tensor(slots, dtype=torch.long)", "return torch.tensor(slots, dtype=torch.long, device=self.k_pages[0].device)")]),
     ("06", "a decode step's one slot read by .item() and written as a slice",
      [("        blocks, offsets = slots // self.block_size, slots % self.block_size  # (T,), (T,)\n",
        "        if T == 1:\n"

@@ -102,7 +102,7 @@ MISTAKES = [
         why="reserve returned int32 slots; the API promises a LongTensor (int64), the dtype PyTorch indexing and "
             "the callers of reserve expect.",
         hint="Which dtype does torch.tensor(...) get when you pass dtype=, and which one does the API promise?",
-        edits=(("torch.tensor(slots, dtype=torch.long, device", "torch.tensor(slots, dtype=torch.int32, device"),),
+        edits=(("torch.tensor(slots, dtype=torch.long)", "torch.tensor(slots, dtype=torch.int32)"),),
     ),
     Mistake(
         name="a freed id cannot be added again",

@@ -129,7 +129,7 @@ class PagedKVCache:
         table.extend(self.allocator.allocate() for _ in range(new_blocks))
         self._lens[seq_id] = length + n_tokens
         slots = [table[p // P] * P + p % P for p in range(length, length + n_tokens)]  # the README's slot formula
-        return torch.tensor(slots, dtype=torch.long, device=self.k_pages[0].device)  # (T,)
+        return torch.tensor(slots, dtype=torch.long)  # (T,) on the CPU: indices from there index the pages too
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``, ``v`` (H, T, D) of ``layer`` at ``slots`` (T,)."""
