@@ -120,8 +120,8 @@ UNKNOWN = {
     "06": {
         "a chunk's values written with its keys": (
             ("pages_v[blocks, :, offsets] = v.transpose(0, 1)", "pages_v[blocks, :, offsets] = k.transpose(0, 1)"),),
-        "a decode step's slot one further on": (
-            ("slot = table[length // P] * P + length % P", "slot = table[length // P] * P + (length + 1) % P"),),
+        "each slot one further on in its block": (
+            ("slots = [table[p // P] * P + p % P for p in", "slots = [table[p // P] * P + (p + 1) % P for p in"),),
     },
     "07": {
         "the cache returns its keys as values": (

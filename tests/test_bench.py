@@ -5,7 +5,10 @@ import json
 
 import torch
 
+from grader import grade, paged
 from grader.bench import suite as bench
+from grader.bench.fast_paged import FastPagedKVCache
+from grader.engine import targets
 
 
 def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
@@ -178,3 +181,52 @@ def test_a_busy_machine_gets_one_thread_unless_asked_otherwise():
     assert bench_noise.threads(3, 8.8, 2) == (3, "")  # asked for: as asked
     assert bench_noise.threads(None, None, 4) == (2, "")  # no load average on this system
     assert bench_noise.threads(None, 1.5, 2)[0] == 1 and bench_noise.threads(None, 1.5, 8)[0] == 2
+
+
+# -- the benchmark's fast paged write agrees with kata 06's lesson -----------------------------------------
+def test_fast_paged_cache_passes_kata_06s_checks():
+    names = {"PagedKVCache": FastPagedKVCache, "BlockAllocator": paged.BlockAllocator,
+             "OutOfBlocksError": paged.OutOfBlocksError}
+    results = grade.grade("06", targets.from_namespace(names, label="the fast paged cache"), diagnose=False)
+    failed = [f"{r.check.id}: {r.status}: {r.message}" for r in results if not r.passed]
+    assert results and not failed, "\n".join(failed)
+
+
+def _paged_program(cache, seed: int) -> list:
+    """Prefill, forks and decode steps of one token (the fast path) with random data; what came back."""
+    g = torch.Generator().manual_seed(seed)
+    H, D, out, live = cache.n_kv_heads, cache.head_dim, [], [0]
+    cache.add_sequence(0)
+    slots = cache.reserve(0, 5)
+    cache.write(0, slots, torch.randn(H, 5, D, generator=g), torch.randn(H, 5, D, generator=g))
+    for step in range(40):
+        seq = live[int(torch.randint(len(live), (1,), generator=g))]
+        if step % 7 == 3:  # a fork shares a partly filled block: the next write copies it
+            cache.fork(seq, step)
+            live.append(step)
+        slots = cache.reserve(seq, 1)
+        for layer in range(cache.n_layers):
+            cache.write(layer, slots, torch.randn(H, 1, D, generator=g), torch.randn(H, 1, D, generator=g))
+        out.append(slots.tolist())
+    return out + [cache.gather(s, layer) for s in live for layer in range(cache.n_layers)]
+
+
+def _error(cache, *args) -> str:
+    try:
+        cache.write(*args)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_fast_paged_write_stores_what_the_lesson_stores_and_refuses_the_same():
+    for seed in range(3):
+        lesson, fast = paged.PagedKVCache(64, 4, 2, 2, 3), FastPagedKVCache(64, 4, 2, 2, 3)
+        for ours, theirs in zip(_paged_program(fast, seed), _paged_program(lesson, seed)):
+            assert ours == theirs if isinstance(ours, list) else all(torch.equal(a, b) for a, b in zip(ours, theirs))
+        assert all(torch.equal(a, b) for a, b in zip(fast.k_pages + fast.v_pages, lesson.k_pages + lesson.v_pages))
+    one, slot = torch.zeros(2, 1, 3), torch.tensor([1])
+    for args in [(2, slot, one, one), (-1, slot, one, one), (0, torch.tensor([256]), one, one),
+                 (0, torch.tensor([-1]), one, one), (0, slot, torch.zeros(2, 2, 3), one), (0, slot, one, None),
+                 (0, torch.tensor([1.0]), one, one), (0, [1], one, one)]:
+        assert _error(fast, *args) == _error(lesson, *args) != "no error", args

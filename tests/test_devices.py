@@ -106,20 +106,25 @@ RIGHT = [
     ("05", ".item() on a device tensor",
      [("filled = self.seq_len(layer)",
        "filled = int(torch.tensor(self.seq_len(layer), device=self.keys[layer].device).item())")]),
-    ("06", "slots from a Python list",
-     [("        positions = torch.arange(length, length + n_tokens)  # (T,) logical positions\n"
-       "        blocks = torch.tensor(table, dtype=torch.long)[positions // P]  # (T,) physical blocks\n"
-       "        return (blocks * P + positions % P).to(self.k_pages[0].device)\n",
-       "        slots = [table[p // P] * P + p % P for p in range(length, length + n_tokens)]\n"
-       "        return torch.tensor(slots, dtype=torch.long, device=self.k_pages[0].device)\n")]),
-    ("06", "slots left on the CPU, which index the pages as well",
-     [("return (blocks * P + positions % P).to(self.k_pages[0].device)", "return blocks * P + positions % P")]),
-    ("06", "the decode slot made on the CPU",
-     [("return torch.full((1,), slot, dtype=torch.long, device=self.k_pages[0].device)",
-       "return torch.full((1,), slot, dtype=torch.long)")]),
+    ("06", "slots from tensor arithmetic on the CPU, moved to the pages' device",
+     [("        slots = [table[p // P] * P + p % P for p in range(length, length + n_tokens)]  # the README's slot formula\n"
+       "        return torch.tensor(slots, dtype=torch.long)  # (T,) on the CPU: indices from there index the pages too\n",
+       "        positions = torch.arange(length, length + n_tokens)  # (T,)\n"
+       "        blocks = torch.tensor(table, dtype=torch.long)[positions // P]  # (T,)\n"
+       "        return (blocks * P + positions % P).to(self.k_pages[0].device)\n")]),
+    ("06", "slots made on the pages' device",
+     [("return torch.tensor(slots, dtype=torch.long)", "return torch.tensor(slots, dtype=torch.long, device=self.k_pages[0].device)")]),
+    ("06", "a decode step's one slot read by .item() and written as a slice",
+     [("        blocks, offsets = slots // self.block_size, slots % self.block_size  # (T,), (T,)\n",
+       "        if T == 1:\n"
+       "            block, offset = divmod(slots.item(), self.block_size)\n"
+       "            self.k_pages[layer][block, :, offset:offset + 1] = k\n"
+       "            self.v_pages[layer][block, :, offset:offset + 1] = v\n"
+       "            return\n"
+       "        blocks, offsets = slots // self.block_size, slots % self.block_size  # (T,), (T,)\n")]),
     ("06", ".tolist() of the device slots",
-     [("low, high = (int(end) for end in torch.aminmax(slots))",
-       "low, high = min(slots.tolist()), max(slots.tolist())")]),
+     [("if T and not (0 <= int(slots.min()) and int(slots.max()) < total):",
+       "if T and not (0 <= min(slots.tolist()) and max(slots.tolist()) < total):")]),
     ("07", "cache slots as a Python list for apply_rope",
      [("slots = torch.arange(K.shape[2], device=K.device)", "slots = list(range(K.shape[2]))")]),
     ("08", ".item() and int() on device tensors",

@@ -2,7 +2,8 @@
 
 1. append — time of one decode step's append against cache length, for concatenation,
    preallocation and paged blocks (16 and 64), each with and without reading the cache back
-   for one query's attention;
+   for one query's attention (paged: kata 06's reference with the one-token write of
+   ``grader.bench.fast_paged``, as a serving engine would write a decode step);
 2. generate — tokens/s of the reference batched loop (kata 08), an uncached loop, and Hugging
    Face ``generate()`` on the same weights when ``transformers`` is installed;
 3. memory — bytes the caches really hold against the formula of kata 04;
@@ -46,6 +47,7 @@ from grader.bench import k12 as bench_k12
 from grader.bench import k13 as bench_k13
 from grader.bench import noise as bench_noise
 from grader.bench import smollm2 as bench_smollm2
+from grader.bench.fast_paged import FastPagedKVCache
 from grader.bench.k11 import bench_beam
 from grader.bench.shared import GENERATE_CONFIG, reference
 from grader.checks.k10_programs import prefix_workload
@@ -89,7 +91,7 @@ def _append_cases(tokens: int, steps: int, device: torch.device):
     one = torch.randn(B, HEADS, 1, HEAD_DIM, device=device, dtype=dtype)
     one_row = one[0]  # (H, 1, D): the paged cache takes one sequence's keys, indexed once here
     q = torch.randn(B, HEADS, 1, HEAD_DIM, device=device, dtype=dtype)
-    k01, k05, k06 = reference("01"), reference("05"), reference("06")
+    k01, k05 = reference("01"), reference("05")
 
     dynamic = k01["DynamicKVCache"]()
     dynamic.update(0, prompt, prompt)
@@ -112,8 +114,8 @@ def _append_cases(tokens: int, steps: int, device: torch.device):
     yield "preallocated", static_step, static_attend
 
     for block in (16, 64):
-        paged = k06["PagedKVCache"](math.ceil((tokens + 4 * steps + 4) / block) + 1, block, 1, HEADS, HEAD_DIM,
-                                    dtype=dtype, device=device)
+        paged = FastPagedKVCache(math.ceil((tokens + 4 * steps + 4) / block) + 1, block, 1, HEADS, HEAD_DIM,
+                               dtype=dtype, device=device)
         paged.add_sequence(0)
         paged.write(0, paged.reserve(0, tokens), prompt_row, prompt_row)
 

@@ -46,8 +46,7 @@ MISTAKES = [
         name="slots are logical positions",
         why="the slot of a token is in the physical block its table points to, not at its position in the sequence.",
         hint="Token at position p lives in logical block p // block_size. Where is that block in the pages?",
-        edits=(("slot = table[length // P] * P + length % P", "slot = length"),
-               ("return (blocks * P + positions % P).to(", "return (positions).to(")),
+        edits=(("slots = [table[p // P] * P + p % P for p in", "slots = [p for p in"),),
     ),
     Mistake(
         name="gather returns whole blocks",
@@ -103,8 +102,7 @@ MISTAKES = [
         why="reserve returned int32 slots; the API promises a LongTensor (int64), the dtype PyTorch indexing and "
             "the callers of reserve expect.",
         hint="Which dtype does torch.tensor(...) get when you pass dtype=, and which one does the API promise?",
-        edits=(("slot, dtype=torch.long, device", "slot, dtype=torch.int32, device"),
-               ("blocks = torch.tensor(table, dtype=torch.long)[", "blocks = torch.tensor(table, dtype=torch.int32)[")),
+        edits=(("torch.tensor(slots, dtype=torch.long)", "torch.tensor(slots, dtype=torch.int32)"),),
     ),
     Mistake(
         name="a freed id cannot be added again",

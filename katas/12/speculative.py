@@ -36,6 +36,28 @@ class RollbackKVCache:
         raise NotImplementedError("kata 12: RollbackKVCache.crop — see README, task 1")
 
 
+def _check_args(target, draft, prompt, max_new_tokens, k) -> None:
+    """ValueError naming the argument: k < 1, max_new_tokens < 0, an empty prompt, or a draft whose
+    ``config.vocab_size`` differs from the target's."""
+    raise NotImplementedError("kata 12: _check_args — see README, task 3")
+
+
+def _forward(model, tokens: list[int], start: int, cache: RollbackKVCache, stats: dict, counter: str) -> torch.Tensor:
+    """Feed ``tokens`` at positions start … start + T - 1 after the ``start`` cached ones; logits (T, V).
+
+    One model call on a (1, T) batch; ``stats[counter]`` counts it.
+    """
+    raise NotImplementedError("kata 12: _forward — see README, task 2")
+
+
+def _propose(draft, seq: list[int], cache: RollbackKVCache, n: int, stats: dict) -> list[int]:
+    """``n`` greedy draft tokens after ``seq``, one forward each; the first feeds what the cache lacks.
+
+    ``cache`` is the draft's own: it holds a prefix of ``seq`` (what the last rollback kept).
+    """
+    raise NotImplementedError("kata 12: _propose — see README, task 2")
+
+
 @torch.inference_mode()
 def speculative_generate(target, draft, prompt: list[int], max_new_tokens: int, k: int = 4, *,
                          eos_token_id: int | None = None) -> tuple[list[int], dict]:

@@ -16,6 +16,7 @@ class BlockAllocator:
     """Hands out block ids and counts the holders of each. Bookkeeping only: no tensors."""
 
     def __init__(self, num_blocks: int):
+        """``num_blocks`` blocks, all free. ValueError unless it is a positive int."""
         if not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks: expected a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
@@ -72,6 +73,8 @@ class PagedKVCache:
 
     def __init__(self, num_blocks: int, block_size: int, n_layers: int, n_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device=None):
+        """Make ``allocator`` (a BlockAllocator) and ``k_pages``, ``v_pages``: one zero tensor
+        (N, H, P, D) per layer, allocated once. ValueError on a size that is not a positive int."""
         for name, value in (("block_size", block_size), ("n_layers", n_layers),
                             ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
             if not isinstance(value, int) or value <= 0:
@@ -83,7 +86,6 @@ class PagedKVCache:
         self.v_pages = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self._tables: dict = {}  # seq_id -> physical block of each logical block
         self._lens: dict = {}  # seq_id -> tokens reserved
-        self._index: dict = {}  # seq_id -> its table as a LongTensor for gather, dropped when the table changes
 
     def _expect_seq(self, seq_id, name: str = "seq_id") -> None:
         if seq_id not in self._tables:
@@ -124,16 +126,10 @@ class PagedKVCache:
                 self.v_pages[layer][fresh] = self.v_pages[layer][shared]
             self.allocator.decref(shared)
             table[-1] = fresh
-        if new_blocks or copy_last:
-            table.extend(self.allocator.allocate() for _ in range(new_blocks))
-            self._index.pop(seq_id, None)
+        table.extend(self.allocator.allocate() for _ in range(new_blocks))
         self._lens[seq_id] = length + n_tokens
-        if n_tokens == 1:  # a decode step: the one slot from Python ints, then one small tensor
-            slot = table[length // P] * P + length % P
-            return torch.full((1,), slot, dtype=torch.long, device=self.k_pages[0].device)
-        positions = torch.arange(length, length + n_tokens)  # (T,) logical positions
-        blocks = torch.tensor(table, dtype=torch.long)[positions // P]  # (T,) physical blocks
-        return (blocks * P + positions % P).to(self.k_pages[0].device)
+        slots = [table[p // P] * P + p % P for p in range(length, length + n_tokens)]  # the README's slot formula
+        return torch.tensor(slots, dtype=torch.long)  # (T,) on the CPU: indices from there index the pages too
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``, ``v`` (H, T, D) of ``layer`` at ``slots`` (T,)."""
@@ -141,25 +137,15 @@ class PagedKVCache:
         if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.is_floating_point():
             raise ValueError(f"slots: expected a 1-D LongTensor, got {slots!r}")
         T, total = slots.shape[0], self.allocator.num_blocks * self.block_size
-        if T == 1:  # one token: its slot is both ends of the range, read once (a host sync on a GPU)
-            low = high = slots.item()
-        elif T:  # both ends in one reduction
-            low, high = (int(end) for end in torch.aminmax(slots))
-        if T and not (0 <= low and high < total):
+        if T and not (0 <= int(slots.min()) and int(slots.max()) < total):
             raise ValueError(f"slots: expected slots from 0 to {total - 1}, got {slots.tolist()}")
         shape = (self.n_kv_heads, T, self.head_dim)
-        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.shape == shape == v.shape):
-            for name, x in (("k", k), ("v", v)):  # which one is wrong
-                if not isinstance(x, torch.Tensor) or x.shape != shape:
-                    got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                    raise ValueError(f"{name}: expected (n_kv_heads, len(slots), head_dim) = {shape}, got {got}")
-        pages_k, pages_v = self.k_pages[layer], self.v_pages[layer]
-        if T == 1:  # one token, as in a decode step: plain indexing, a view and a copy, no scatter
-            block, offset = divmod(low, self.block_size)
-            pages_k[block, :, offset:offset + 1] = k  # (H, 1, D) into (N, H, P, D)
-            pages_v[block, :, offset:offset + 1] = v
-            return
+        for name, x in (("k", k), ("v", v)):
+            if not isinstance(x, torch.Tensor) or x.shape != shape:
+                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name}: expected (n_kv_heads, len(slots), head_dim) = {shape}, got {got}")
         blocks, offsets = slots // self.block_size, slots % self.block_size  # (T,), (T,)
+        pages_k, pages_v = self.k_pages[layer], self.v_pages[layer]
         pages_k[blocks, :, offsets] = k.transpose(0, 1).to(pages_k.dtype)  # (T, H, D) into (N, H, P, D)
         pages_v[blocks, :, offsets] = v.transpose(0, 1).to(pages_v.dtype)  # (T, H, D)
 
@@ -167,14 +153,11 @@ class PagedKVCache:
         """The sequence's keys and values of ``layer``, each (H, S, D), in token order."""
         self._expect_seq(seq_id)
         self._expect_layer(layer)
-        table = self._index.get(seq_id)
-        if table is None:  # made once per change of the table, not once per layer and step
-            table = torch.tensor(self._tables[seq_id], dtype=torch.long, device=self.k_pages[layer].device)
-            self._index[seq_id] = table
+        table = torch.tensor(self._tables[seq_id], dtype=torch.long, device=self.k_pages[layer].device)  # (n,)
         H, D, S = self.n_kv_heads, self.head_dim, self._lens[seq_id]
-        # index_select copies whole blocks (n, H, P, D), contiguous runs; the transpose-reshape one copy more.
-        K = self.k_pages[layer].index_select(0, table).transpose(0, 1).reshape(H, -1, D)  # (H, n * P, D)
-        V = self.v_pages[layer].index_select(0, table).transpose(0, 1).reshape(H, -1, D)  # (H, n * P, D)
+        # The table's blocks in order, (n, H, P, D), then their tokens side by side: (H, n * P, D).
+        K = self.k_pages[layer].index_select(0, table).transpose(0, 1).reshape(H, -1, D)
+        V = self.v_pages[layer].index_select(0, table).transpose(0, 1).reshape(H, -1, D)
         return K[:, :S], V[:, :S]  # the last block may be only partly filled
 
     def fork(self, parent_id, child_id) -> None:
@@ -193,7 +176,6 @@ class PagedKVCache:
         for block in self._tables.pop(seq_id):
             self.allocator.decref(block)
         del self._lens[seq_id]
-        self._index.pop(seq_id, None)
 
     def block_table(self, seq_id) -> list[int]:
         """The physical block of each logical block of the sequence (a copy)."""

@@ -28,7 +28,11 @@ class RollbackKVCache:
         self._values: dict[int, torch.Tensor] = {}
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k``, ``v`` (B, Hkv, T, D) to ``layer``; return its whole (K, V), each (B, Hkv, S + T, D)."""
+        """Append ``k``, ``v`` (B, Hkv, T, D) to ``layer``; return its whole (K, V), each (B, Hkv, S + T, D).
+
+        The model calls this once per layer and attends to what it returns. A layer index below 0,
+        a k or v that is not 4-D, or a shape that does not fit what the layer holds: ValueError.
+        """
         _expect_layer(layer)
         _expect_kv("k", k)
         _expect_kv("v", v)
@@ -50,7 +54,10 @@ class RollbackKVCache:
         return self._keys[layer].shape[2] if layer in self._keys else 0
 
     def crop(self, n: int) -> None:
-        """Keep the first ``n`` tokens of every layer; the rest are forgotten."""
+        """Keep the first ``n`` tokens of every layer; the rest are forgotten.
+
+        ``n`` outside 0 … seq_len(): ValueError, and nothing is dropped.
+        """
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self.seq_len():
             raise ValueError(f"n: expected an int from 0 to seq_len() = {self.seq_len()}, got {n!r}")
         for layer in self._keys:
@@ -60,6 +67,8 @@ class RollbackKVCache:
 
 
 def _check_args(target, draft, prompt, max_new_tokens, k) -> None:
+    """ValueError naming the argument: k < 1, max_new_tokens < 0, an empty prompt, or a draft whose
+    ``config.vocab_size`` differs from the target's."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k: expected an int >= 1 (draft tokens per round), got {k!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -72,7 +81,10 @@ def _check_args(target, draft, prompt, max_new_tokens, k) -> None:
 
 
 def _forward(model, tokens: list[int], start: int, cache: RollbackKVCache, stats: dict, counter: str) -> torch.Tensor:
-    """Feed ``tokens`` at positions start … start + T - 1 after the ``start`` cached ones; logits (T, V)."""
+    """Feed ``tokens`` at positions start … start + T - 1 after the ``start`` cached ones; logits (T, V).
+
+    One model call on a (1, T) batch; ``stats[counter]`` counts it.
+    """
     ids = torch.tensor([tokens], device=model.device)  # (1, T)
     positions = torch.arange(start, start + len(tokens), device=model.device)[None]  # (1, T)
     stats[counter] += 1
@@ -80,7 +92,10 @@ def _forward(model, tokens: list[int], start: int, cache: RollbackKVCache, stats
 
 
 def _propose(draft, seq: list[int], cache: RollbackKVCache, n: int, stats: dict) -> list[int]:
-    """``n`` greedy draft tokens after ``seq``, one forward each; the first feeds what the cache lacks."""
+    """``n`` greedy draft tokens after ``seq``, one forward each; the first feeds what the cache lacks.
+
+    ``cache`` is the draft's own: it holds a prefix of ``seq`` (what the last rollback kept).
+    """
     proposals: list[int] = []
     for _ in range(n):
         have = cache.seq_len()  # the draft's cache holds seq[:have] (then earlier proposals)
@@ -94,11 +109,14 @@ def speculative_generate(target, draft, prompt: list[int], max_new_tokens: int, 
                          eos_token_id: int | None = None) -> tuple[list[int], dict]:
     """Greedy speculative decoding, batch 1: the target's own greedy tokens, found faster.
 
-    Each round the draft proposes up to ``k`` tokens; the target scores the pending token and
-    the proposals in one forward, keeps the agreeing prefix and adds its own next token; both
-    caches are cropped back to the accepted tokens. Stops after ``eos_token_id`` (included) or
-    ``max_new_tokens``. Returns (tokens, stats) with stats ``target_forwards``,
-    ``draft_forwards``, ``proposed`` and ``accepted``.
+    Each round the draft proposes up to ``k`` tokens (one forward each, with its own cache); the
+    target scores the pending token and the proposals in ONE forward, keeps the agreeing prefix
+    and adds its own next token; both caches are cropped back to the accepted tokens. Stops after
+    ``eos_token_id`` (included) or ``max_new_tokens``. Returns (tokens, stats), tokens a list of
+    int, stats a dict with ``target_forwards``, ``draft_forwards`` (model calls), ``proposed``
+    (draft tokens sent to the target) and ``accepted`` (agreeing-prefix lengths, summed).
+    ValueError for k < 1, max_new_tokens < 0, an empty prompt, or a draft whose vocabulary
+    differs from the target's.
     """
     _check_args(target, draft, prompt, max_new_tokens, k)
     stats = {"target_forwards": 0, "draft_forwards": 0, "proposed": 0, "accepted": 0}

@@ -2,9 +2,10 @@
 
 Shapes: B rows of one step (prefills + decodes), T the longest row of the step (a prefill's
 length, or 1), N the real tokens of the step, S the keys each row is shown (its blocks, padded to
-the widest table), Hkv KV heads, P block size, D head width, V vocabulary. The cache is ``grader.paged.PagedKVCache`` (kata 06's API); the
-model is ``grader.nn.Llama`` or anything with its interface (``config``, ``device``, ``dtype``,
-``model(input_ids, position_ids=, cache=, attention_mask=, logits_to_keep=) -> logits``).
+the widest table), Hkv KV heads, P block size, D head width, V vocabulary. The cache is
+``grader.paged.PagedKVCache`` (kata 06's API); the model is ``grader.nn.Llama`` or anything with
+its interface (``config``, ``device``, ``dtype``, ``model(input_ids, position_ids=, cache=,
+attention_mask=, logits_to_keep=) -> logits``).
 """
 from __future__ import annotations
 
@@ -45,11 +46,13 @@ def _blocks_for(tokens: int, block_size: int) -> int:
 class Scheduler:
     """Decides, step by step, which requests prefill, which decode and which are preempted.
 
-    Bookkeeping only: it counts blocks the way a paged cache hands them out and assumes every
-    scheduled step runs (a prefill produces one token, a decode one more).
+    Bookkeeping only (no tensors): it counts blocks of ``block_size`` tokens the way a paged
+    cache hands them out, and assumes every scheduled step runs: a prefill produces one token,
+    a decode one more.
     """
 
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int):
+        """Positive ints; ValueError naming max_num_batched_tokens when it is below max_num_seqs."""
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
             _positive_int(name, value)
@@ -64,7 +67,8 @@ class Scheduler:
         self.running: list = []  # ids in admission order (a re-admission goes last): the newest is last
 
     def add_request(self, req_id, prompt_len: int, max_new_tokens: int) -> None:
-        """Queue a request at the back. ValueError if it could never finish."""
+        """Queue a request at the back. ValueError for a duplicate id, a bad length, or a request whose
+        prompt_len + max_new_tokens - 1 tokens exceed the token budget or need more than num_blocks blocks."""
         if req_id in self.requests:
             raise ValueError(f"req_id: request {req_id!r} is already in the scheduler")
         _positive_int("prompt_len", prompt_len)
@@ -79,7 +83,7 @@ class Scheduler:
         self.waiting.append(req_id)
 
     def finish(self, req_id) -> None:
-        """The caller's word that ``req_id`` produced its last token: its blocks are free again."""
+        """The caller's word that ``req_id`` produced its last token: free its blocks. Unknown id: ValueError."""
         if req_id not in self.requests:
             raise ValueError(f"req_id: no request {req_id!r} in the scheduler (never added, or finished already)")
         request = self.requests.pop(req_id)
@@ -89,8 +93,9 @@ class Scheduler:
         else:
             self.waiting.remove(req_id)
 
-    def _preempt(self, step: Step) -> str:
-        """Preempt the most recently admitted running request; it waits at the front."""
+    def _preempt(self, step: Step):
+        """Preempt the most recently admitted running request: its blocks are free again, it waits at the
+        front of the queue and is noted in ``step.preempted``. Returns its id."""
         victim = self.running.pop()  # running is in admission order: the newest is last
         request = self.requests[victim]
         self.free_blocks += request.blocks
@@ -100,6 +105,8 @@ class Scheduler:
         return victim
 
     def _schedule_decodes(self, step: Step) -> None:
+        """A decode slot for each running request, oldest admitted first, with the blocks its next token
+        needs; while blocks run short, preempt the newest (it may be the request itself: then stop)."""
         i = 0
         while i < len(self.running):
             req_id = self.running[i]
@@ -116,6 +123,9 @@ class Scheduler:
             i += 1
 
     def _admit(self, step: Step) -> None:
+        """First come, first served: admit waiting requests as whole prefills (a recompute's generated
+        tokens included) while max_num_seqs, the token budget the decodes left and the free blocks allow;
+        the first that does not fit stops the queue."""
         budget = self.max_num_batched_tokens - len(step.decode)  # a decode token counts 1
         for req_id in list(self.waiting):
             request = self.requests[req_id]
@@ -131,7 +141,10 @@ class Scheduler:
             step.prefill.append(req_id)
 
     def schedule(self) -> Step:
-        """Decode slots for the running requests (preempting when blocks run out), then admissions."""
+        """One step: a decode slot for each running request, oldest first, preempting the most recently
+        admitted when blocks run out (to the front of the waiting queue); then, only if nobody was
+        preempted, first-come-first-served admissions of whole prefills within blocks, max_num_seqs and
+        the token budget (a decode counts 1 token)."""
         step = Step()
         self._schedule_decodes(step)
         if not step.preempted:  # a step that preempts admits no one
@@ -148,6 +161,9 @@ class _StepCache:
     """
 
     def __init__(self, cache: PagedKVCache, seq_ids: list, lengths: list[int], T: int):
+        """Reserve every row's new slots once for all layers (``slots`` (N,)); note the batch row and
+        column of each real token (``rows``, ``cols`` (N,)), each row's block table padded to the
+        widest (``tables`` (B, n)) and ``S`` = n * block_size."""
         self.cache = cache
         device = cache.k_pages[0].device
         # One reservation per step, one write per layer: every row's new slots together (N,).
@@ -174,7 +190,8 @@ class _StepCache:
 
 
 def _check_requests(model, requests, limits: tuple) -> None:
-    """Every request well formed and able to finish, before anything runs."""
+    """Every request well formed and able to finish, before anything runs: ValueError naming
+    ``requests`` or the field, and the limits as the ``Scheduler`` refuses them."""
     probe = Scheduler(*limits)  # the scheduler's own checks: duplicate ids, requests that could never finish
     for i, item in enumerate(requests):
         if not isinstance(item, (tuple, list)) or len(item) != 4:
@@ -189,7 +206,8 @@ def _check_requests(model, requests, limits: tuple) -> None:
 
 
 def _forward(model, cache, rows: list[tuple]) -> list[int]:
-    """One batched forward of the step's rows; returns each row's greedy next token."""
+    """One batched forward of the step's rows (seq_id, tokens, start position), left-padded to T,
+    each row's mask (B, T, S) showing only its own keys; returns each row's greedy next token."""
     device = model.device
     T = max(len(tokens) for _, tokens, _ in rows)
     ids = torch.zeros(len(rows), T, dtype=torch.long)
@@ -211,12 +229,13 @@ def _forward(model, cache, rows: list[tuple]) -> list[int]:
 @torch.inference_mode()
 def serve(model, requests: list[tuple], *, num_blocks: int, block_size: int, max_num_seqs: int,
           max_num_batched_tokens: int, eos_token_id: int | None = None) -> dict:
-    """Generate greedily for every request with continuous batching; returns {req_id: new tokens}.
+    """Greedy generation for every request with continuous batching; returns {req_id: new tokens}.
 
-    ``requests``: (req_id, prompt, max_new_tokens, arrival_step). Each ``schedule()`` call is one
-    step and one batched forward over a paged cache of ``num_blocks`` blocks of ``block_size``.
-    A request stops after ``max_new_tokens`` tokens or an EOS (included); a preempted one is
-    recomputed later from its prompt and the tokens it had, so its output is as if alone.
+    ``requests``: (req_id, prompt, max_new_tokens, arrival_step). Each ``schedule()`` call is one step
+    and ONE batched forward of ``model`` over a paged cache: prefill rows (prompt + tokens generated
+    before a preemption, positions from 0) and decode rows (the last token, at its own position) side
+    by side, each row's mask showing only its own keys. A request stops after max_new_tokens tokens or
+    its EOS (included); max_new_tokens = 0 gives []. Call ``finish`` after the step that made the last token.
     """
     limits = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens)
     _check_requests(model, requests, limits)
