@@ -107,6 +107,8 @@ def greedy_matches_each_prompt_alone(ctx):
         _verify(c, model, prompts, rows, ex)
 
     ctx.case({"lengths": [5, 1, 12], "max_new_tokens": 4, "pad_token_id": 0, "seed": 3}, body)
+    # Past the drawn sizes once: a prompt of 300 tokens beside one of 7 (293 pads), the default pad id.
+    ctx.case({"lengths": [300, 7], "max_new_tokens": 3, "pad_token_id": None, "seed": 9}, body)
     ctx.forall(batches(), body, max_examples=6)
 
 
