@@ -235,6 +235,9 @@ def pack_rejects_bad_input(ctx):
 @CHECKS.add("QuantizedKVCache: drawn programs over several layers keep every promise", uses="QuantizedKVCache.update")
 def cache_programs(ctx):
     ctx.forall(programs(), lambda c, ex: Replay(c, ex).run(), max_examples=25)
+    for dtype in (torch.bfloat16, torch.float16):  # SPEC: every function keeps the dtype, half types included
+        ctx.case({"n_bits": 4, "residual_len": 4, "layers": 2, "batch": 2, "heads": 2, "head_dim": 8, "dtype": dtype,
+                  "ops": [(0, 3), (1, 9), (0, 1), (0, 5), (1, 1)], "seed": 5}, lambda c, ex: Replay(c, ex).run())
 
 
 @CHECKS.add("QuantizedKVCache: the same state whatever the chunking", uses="QuantizedKVCache.update")
