@@ -178,10 +178,10 @@ def cache_update_matches_oracle(ctx):
 
 
 # The envelope's base: two sinks, a window of three, the default rope_base, a prefill in two chunks and three
-# evicting steps; its large case holds 4 + 300 tokens of 16 heads and evicts three times.
+# evicting steps; its large case holds 4 + 300 tokens of 16 heads and evicts twice.
 WIDE_STREAM = {"n_sink": 2, "window": 3, "rope_base": None, "batch": 2, "heads": 2, "head_dim": 4,
                "chunks": [3, 2, 1, 1, 1], "dtype": torch.float32, "seed": 21}
-LARGE_STREAM = {"n_sink": 4, "window": 300, "batch": 1, "heads": 16, "chunks": [300, 4, 1, 1, 1]}
+LARGE_STREAM = {"n_sink": 4, "window": 300, "batch": 1, "heads": 16, "chunks": [300, 4, 1, 1]}
 
 
 def _base(ex) -> dict:
