@@ -81,7 +81,7 @@ def test_a_bad_entry_of_the_list_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kata_id", ["01", "02", "03", "04", "05"])
+@pytest.mark.parametrize("kata_id", ["01", "02", "03", "04", "05", "07", "08", "09"])
 def test_every_non_equivalent_mutant_is_killed(kata_id):
     outcomes = runner.run(kata_id, jobs=2)
     figures = summary.figures(kata_id, outcomes, summary.equivalents())

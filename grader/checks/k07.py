@@ -13,8 +13,8 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices
-from grader.checks.support.common import DTYPES, SEEDS, attention, chunks, load_linears, randn
+from grader.checks.support import devices, envelope
+from grader.checks.support.common import DTYPES, SEEDS, attention, chunks, expect_no_bias, load_linears, randn
 from grader.engine import Checks
 from grader.nn import apply_rope
 
@@ -172,6 +172,37 @@ def cache_update_matches_oracle(ctx):
 
     ctx.case(PINNED_STREAM, body)
     ctx.forall(streams(), body, max_examples=20)
+    envelope.run(ctx, WIDE_STREAM, ("large", "half", "strided"), lambda c, ex: envelope.differential(
+        c, ex, lambda api, e: _stream(api, c, e), "a new SinkKVCache with the default rope_base, then update chunk "
+        "after chunk: every step's (keys, values), len(cache) and tokens_seen"), large=LARGE_STREAM)
+
+
+# The envelope's base: two sinks, a window of three, the default rope_base, a prefill in two chunks and three
+# evicting steps; its large case holds 4 + 300 tokens of 16 heads and evicts twice.
+WIDE_STREAM = {"n_sink": 2, "window": 3, "rope_base": None, "batch": 2, "heads": 2, "head_dim": 4,
+               "chunks": [3, 2, 1, 1, 1], "dtype": torch.float32, "seed": 21}
+LARGE_STREAM = {"n_sink": 4, "window": 300, "batch": 1, "heads": 16, "chunks": [300, 4, 1, 1]}
+
+
+def _base(ex) -> dict:
+    """The rope_base keyword of the example (None: left out, so the default 10000.0 applies)."""
+    return {} if ex["rope_base"] is None else {"rope_base": ex["rope_base"]}
+
+
+def _stream(api, c, ex):
+    """Every update of the example's chunks through a new cache: its (keys, values), copied, and the counts."""
+    shape = (ex["batch"], ex["heads"], sum(ex["chunks"]), ex["head_dim"])
+    K, V = (envelope.tensor(ex, ex["seed"] + j, *shape, device=c.device) for j in (0, 1))
+    cache, got, seen = api.SinkKVCache(ex["n_sink"], ex["window"], **_base(ex)), {}, 0
+    for step, T in enumerate(ex["chunks"], start=1):
+        out = _snap(c.call(cache.update, K[:, :, seen:seen + T], V[:, :, seen:seen + T]))
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            c.fail(f"update returned {report.describe(out)}, expected a pair (keys, values)", ex,
+                   ("returned", report.describe(out)))
+        seen += T
+        got[f"step {step} (+{T}, {seen} seen)"] = {"keys": out[0], "values": out[1], "len(cache)": len(cache),
+                                                   "tokens_seen": cache.tokens_seen}
+    return got
 
 
 @CHECKS.add("SinkKVCache.update refuses a multi-token update that would evict", uses="SinkKVCache")
@@ -207,6 +238,7 @@ def cache_rejects_bad_input(ctx):
         K, V = _raw_kv(ex, 2, c.device)
         cache = c.t.SinkKVCache(ex["n_sink"], ex["window"])
         for what, args, name in (("k_new without a head axis", (K[:, 0], V), "k_new"),
+                                 ("k_new and v_new with an extra axis", (K[..., None], V[..., None]), "k_new"),
                                  ("v_new shaped unlike k_new", (K, V[:, :, :1]), "v_new")):
             exc = c.raises(ValueError, cache.update, *args, what=f"update with {what}", example=ex)
             _named_in(c, exc, name, f"update with {what}", ex)
@@ -252,7 +284,7 @@ def attention_runs(draw):
 
 def _layer(api, ex, device):
     d = ex["d_model"]
-    layer = api.SinkAttention(d, ex["n_heads"], ex["n_sink"], ex["window"], ex["rope_base"])
+    layer = api.SinkAttention(d, ex["n_heads"], ex["n_sink"], ex["window"], **_base(ex))
     layer = layer.to(device=device, dtype=ex["dtype"])
     load_linears(layer, {name: (d, d) for name in ("wq", "wk", "wv", "wo")}, ex["seed"], "SinkAttention")
     return layer
@@ -300,6 +332,24 @@ def attention_matches_oracle(ctx):
     del pinned["heads"], pinned["head_dim"]
     ctx.case(pinned, body)
     ctx.forall(attention_runs(), body, max_examples=15)
+    base = {**WIDE_STREAM, "n_heads": 2, "d_model": 8}
+    del base["heads"], base["head_dim"]
+    large = {**LARGE_STREAM, "n_heads": 16, "d_model": 64}
+    del large["heads"]
+    envelope.run(ctx, base, ("large", "half", "strided", "magnitude"), lambda c, ex: envelope.differential(
+        c, ex, lambda api, e: _attention_stream(api, c, e), "a new SinkKVCache and a SinkAttention with the default "
+        "rope_base, then layer(x_chunk, cache) chunk after chunk: every step's output"), large=large)
+
+
+def _attention_stream(api, c, ex):
+    """Every step's output of the layer over the example's chunks, through a new cache."""
+    layer = _layer(api, ex, c.device)
+    x = envelope.tensor(ex, ex["seed"] + 5, ex["batch"], sum(ex["chunks"]), ex["d_model"], device=c.device)
+    cache, got, seen = api.SinkKVCache(ex["n_sink"], ex["window"], **_base(ex)), {}, 0
+    for step, T in enumerate(ex["chunks"], start=1):
+        got[f"step {step} output (+{T}, {seen + T} seen)"] = _snap(c.call(layer, x[:, seen:seen + T], cache))
+        seen += T
+    return got
 
 
 @CHECKS.add("SinkAttention rejects bad input with a ValueError naming the argument", uses="SinkAttention.forward")
@@ -307,7 +357,9 @@ def attention_rejects_bad_input(ctx):
     def body(c, ex):
         layer = _layer(c.t, ex, c.device)
         x = randn(ex["seed"], 1, 2, ex["d_model"], dtype=ex["dtype"], device=c.device)
-        for what, arg in (("x missing the batch axis", x[0]), ("x wider than d_model", torch.cat([x, x], -1))):
+        expect_no_bias(c, layer, ex)
+        for what, arg in (("x missing the batch axis", x[0]), ("x wider than d_model", torch.cat([x, x], -1)),
+                          ("x carrying an extra axis", x[None])):
             cache = c.t.SinkKVCache(ex["n_sink"], ex["window"])
             exc = c.raises(ValueError, layer, arg, cache, what=f"forward with {what}", example=ex)
             _named_in(c, exc, "x", f"forward with {what}", ex)
@@ -316,6 +368,9 @@ def attention_rejects_bad_input(ctx):
         _named_in(c, exc, "cache", what, ex)
         for what, args, names in (("n_heads=3 for d_model=8", (8, 3, 1, 2), ("n_heads", "d_model")),
                                   ("d_model=0", (0, 2, 1, 2), ("d_model", "n_heads")),
+                                  ("n_heads=0", (8, 0, 1, 2), ("n_heads",)),
+                                  ("n_heads=2 for d_model=6 (an odd head width of 3)", (6, 2, 1, 2),
+                                   ("n_heads", "d_model", "head_dim")),
                                   ("n_sink=-1", (8, 2, -1, 2), ("n_sink",)), ("window=0", (8, 2, 1, 0), ("window",))):
             exc = c.raises(ValueError, c.t.SinkAttention, *args, what=f"SinkAttention with {what}", example=ex)
             if not _names(exc, *names):

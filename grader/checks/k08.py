@@ -27,11 +27,11 @@ CUDA = torch.cuda.is_available()
 
 
 # -- the stand-in models ----------------------------------------------------------------------
-def _successor_model(vocab: int, device) -> FixedLogits:
-    """Greedy continues every token t with t + 1 (mod vocab), by a wide margin."""
-    table = torch.full((vocab, vocab), -5.0, dtype=torch.float64)
-    table[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = 5.0
-    return FixedLogits(table, device)
+def _successor_model(vocab: int, device, dtype=torch.float64, margin: float = 5.0) -> FixedLogits:
+    """Greedy continues every token t with t + 1 (mod vocab), by a wide margin (logits +margin and -margin)."""
+    table = torch.full((vocab, vocab), -margin, dtype=torch.float64)
+    table[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = margin
+    return FixedLogits(table, device, dtype)
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def batches(draw, max_batch=8, max_len=40, max_new=6):
     return {
         "lengths": draw(st.lists(st.integers(1, max_len), min_size=B, max_size=B)),
         "max_new_tokens": draw(st.integers(1, max_new)),
-        "pad_token_id": draw(st.sampled_from([0, 0, 7])),
+        "pad_token_id": draw(st.sampled_from([None, 0, 7])),  # None: the default
         "seed": draw(SEEDS),
     }
 
@@ -54,8 +54,13 @@ def batches(draw, max_batch=8, max_len=40, max_new=6):
 def _run(c, ex, device=None, **kwargs):
     """The learner's generate on the example's prompts; returns (model, prompts, rows)."""
     model, prompts = tiny_model(ex["seed"], device or c.device), _prompts(ex)
-    got = c.t.generate(model, prompts, ex["max_new_tokens"], pad_token_id=ex.get("pad_token_id", 0), **kwargs)
+    got = c.t.generate(model, prompts, ex["max_new_tokens"], **_pad(ex), **kwargs)
     return model, prompts, _rows(c, got, len(prompts), ex)
+
+
+def _pad(ex) -> dict:
+    """The pad_token_id keyword of the example (None or absent: left out, so the default 0 applies)."""
+    return {} if ex.get("pad_token_id") is None else {"pad_token_id": ex["pad_token_id"]}
 
 
 def _rows(c, got, n: int, ex) -> list[list[int]]:
@@ -102,6 +107,8 @@ def greedy_matches_each_prompt_alone(ctx):
         _verify(c, model, prompts, rows, ex)
 
     ctx.case({"lengths": [5, 1, 12], "max_new_tokens": 4, "pad_token_id": 0, "seed": 3}, body)
+    # Past the drawn sizes once: a prompt of 300 tokens beside one of 7 (293 pads), the default pad id.
+    ctx.case({"lengths": [300, 7], "max_new_tokens": 3, "pad_token_id": None, "seed": 9}, body)
     ctx.forall(batches(), body, max_examples=6)
 
 
@@ -116,11 +123,17 @@ def prefill_then_one_token_steps(ctx):
         if first.dim() != 2 or first.shape[0] != B or first.shape[1] < P:
             c.fail(f"the first call should be one prefill over all {B} prompts, padded to (B, P) = ({B}, {P}); "
                    f"it sent input_ids of shape {tuple(first.shape)}", ex, ("prefill shape", tuple(first.shape)))
+        pad = 0 if ex.get("pad_token_id") is None else ex["pad_token_id"]
         for b, prompt in enumerate(prompts):
             if first[b, first.shape[1] - len(prompt):].tolist() != prompt:
                 c.fail(f"prefill row {b} should end with prompt {b} {prompt} (left padding: pads first, so every "
                        f"prompt ends in the last column); the row was {first[b].tolist()}",
                        ex, ("prefill row", b, first[b].tolist()))
+            pads = first[b, :first.shape[1] - len(prompt)].tolist()
+            if any(t != pad for t in pads):
+                given = "the default pad_token_id 0" if ex.get("pad_token_id") is None else f"pad_token_id {pad}"
+                c.fail(f"prefill row {b}: the pads before prompt {b} {prompt} should all be {pad} ({given}: the pads "
+                       f"are fed to the model); the row was {first[b].tolist()}", ex, ("pads", b, first[b].tolist()))
         for s, call in enumerate(calls):
             if s and (call["ids"].dim() != 2 or call["ids"].shape[1] != 1 or call["ids"].shape[0] > B):
                 c.fail(f"decode step {s} sent input_ids of shape {tuple(call['ids'].shape)}; a decode step feeds only "
@@ -130,6 +143,7 @@ def prefill_then_one_token_steps(ctx):
                 c.fail(f"{'decode step ' + str(s) if s else 'the prefill'} passed no cache to the model; the prefill "
                        "must fill one and every decode step must read it", ex, ("no cache", s))
 
+    ctx.case({"lengths": [3, 1, 6], "max_new_tokens": 2, "pad_token_id": None, "seed": 2}, body)
     ctx.forall(batches(max_batch=5, max_len=12, max_new=4), body, max_examples=4)
 
 
@@ -203,7 +217,7 @@ def eos_stops_its_row(ctx):
         model, prompts = tiny_model(ex["seed"], c.device), _prompts(ex)
         eos = _eos_example(model, prompts, ex["max_new_tokens"])
         model.calls.clear()
-        got = c.t.generate(model, prompts, ex["max_new_tokens"], eos_token_id=eos, pad_token_id=ex["pad_token_id"])
+        got = c.t.generate(model, prompts, ex["max_new_tokens"], eos_token_id=eos, **_pad(ex))
         _verify(c, model, prompts, _rows(c, got, len(prompts), ex), ex, eos=eos)
 
     ctx.forall(batches(max_batch=5, max_len=10, max_new=8).filter(lambda e: e["max_new_tokens"] >= 4), body,
@@ -215,20 +229,23 @@ SUCCESSOR_CASES = [
     {"prompts": [[3, 12], [15, 9, 13], [7], [14]], "max_new_tokens": 12},  # rows stop after 3, 2, 8, 1
     {"prompts": [[1, 14], [14]], "max_new_tokens": 6},  # every row stops at its first token
     {"prompts": [[2], [15, 4]], "max_new_tokens": 3},  # no row reaches EOS
+    # EOS 0, the id many vocabularies give a special token: the rows count past 15 to 0 and stop.
+    {"prompts": [[12], [3, 15], [14, 2, 13]], "max_new_tokens": 5, "eos": 0},  # rows stop after 4, 1, 3
 ]
 
 
 @CHECKS.add("EOS is sticky and the loop stops calling the model once every row is done", uses="generate")
 def early_exit_when_all_done(ctx):
     def body(c, ex):
-        model, eos, N = _successor_model(16, c.device), 15, ex["max_new_tokens"]
+        model, eos, N = _successor_model(16, c.device), ex.get("eos", 15), ex["max_new_tokens"]
         got = _rows(c, c.t.generate(model, ex["prompts"], N, eos_token_id=eos), len(ex["prompts"]), ex)
-        expected = [[(p[-1] + 1 + i) % 16 for i in range(min(N, 15 - p[-1]))] for p in ex["prompts"]]
+        expected = [[(p[-1] + 1 + i) % 16 for i in range(min(N, (eos - p[-1] - 1) % 16 + 1))] for p in ex["prompts"]]
         shown = {**ex, "eos_token_id": eos, "model": "each token t is followed by t + 1"}
         if got != expected:
-            c.fail(f"with a model whose greedy choice after token t is t + 1 and EOS = 15, each row should count up to "
-                   f"15 and stop there (EOS included), or stop at {N} tokens\n  expected {expected}\n  got      {got}",
-                   shown, got)
+            zero = " (0 is a token id like any other: test eos_token_id is not None)" if eos == 0 else ""
+            c.fail(f"with a model whose greedy choice after token t is t + 1 (mod 16) and EOS = {eos}, each row should "
+                   f"count up to {eos} and stop there (EOS included), or stop at {N} tokens{zero}\n  expected "
+                   f"{expected}\n  got      {got}", shown, got)
         needed = max(map(len, expected))
         if model.calls != needed:
             c.fail(f"generate called the model {model.calls} times; {needed} calls make these tokens (a prefill, then "
@@ -275,6 +292,7 @@ def rejects_bad_arguments(ctx):
         model = tiny_model(ex["seed"], c.device)
         for what, args, kwargs, names in (
                 ("prompts as a flat list of ints", ([1, 2, 3], 3), {}, ("prompts",)),
+                ("prompts = None", (None, 3), {}, ("prompts",)),
                 ("a token id 2.5 in a prompt", ([[1, 2.5]], 3), {}, ("prompts",)),
                 (f"a token id {V}, outside a vocabulary of {V}", ([[1, V], [3]], 3), {}, ("prompts",)),
                 ("a negative token id", ([[4], [-1, 2]], 3), {}, ("prompts",)),
@@ -329,6 +347,19 @@ def tiny_temperature_is_greedy(ctx):
         _verify(c, model, prompts, rows, {**ex, "temperature": T}, tie=40 * T)
 
     ctx.case({"lengths": [4, 2, 9], "max_new_tokens": 5, "pad_token_id": 0, "seed": 21}, body)
+
+    def half(c, ex):  # logits / T of a float16 model overflow float16 (max 65504): scale them in float32
+        model, N = _successor_model(16, c.device, torch.float16, margin=10.0), ex["max_new_tokens"]
+        got = _rows(c, c.t.generate(model, ex["prompts"], N, temperature=T,
+                                    generator=torch.Generator(c.device).manual_seed(0)), len(ex["prompts"]), ex)
+        expected = [[(p[-1] + 1 + i) % 16 for i in range(N)] for p in ex["prompts"]]
+        if got != expected:
+            c.fail(f"a float16 model whose logits after token t are +10 for t + 1 and -10 for every other token, at "
+                   f"temperature {T}: every row should count up by one\n  expected {expected}\n  got      {got}\n  "
+                   f"logits / temperature is 1e5, past float16's largest value: divide in float32 (or wider)",
+                   {**ex, "temperature": T, "model": "float16, each token t followed by t + 1"}, got)
+
+    ctx.case({"prompts": [[3], [9, 14]], "max_new_tokens": 4}, half)
 
 
 SAMPLING_LOGITS = [1.0, 0.5, 0.0, -0.5, 2.0, -1.0, 0.25, 1.5]

@@ -170,6 +170,8 @@ def quantize_rejects_bad_input(ctx):
                 ("quantize with a 0-d x", c.t.quantize, (x[0, 0], 4, 0), ("x", "dim")),
                 ("dequantize with float codes", c.t.dequantize, (codes.to(x.dtype), scale, zero), ("codes",)),
                 ("dequantize with integer scale", c.t.dequantize, (codes, codes[:, :1], zero), ("scale",)),
+                ("dequantize with integer scale and zero of one dtype", c.t.dequantize,
+                 (codes, codes[:, :1], codes[:, :1]), ("scale",)),
                 ("dequantize with zero in another dtype than scale", c.t.dequantize,
                  (codes, scale, zero.to(torch.float16)), ("zero",)),
                 ("dequantize with zero of 3 rows against codes of 2", c.t.dequantize,
@@ -218,7 +220,8 @@ def pack_rejects_bad_input(ctx):
                  ("unpack with n_bits=5", c.t.unpack, (codes, 5), ("n_bits",)),
                  ("pack of float codes", c.t.pack, (codes.float(), bits), ("codes",)),
                  ("unpack of int64 packed bytes", c.t.unpack, (codes.long(), bits), ("packed",)),
-                 ("pack of 0-d codes", c.t.pack, (codes[0, 0], bits), ("codes",))]
+                 ("pack of 0-d codes", c.t.pack, (codes[0, 0], bits), ("codes",)),
+                 ("unpack of a 0-d packed byte", c.t.unpack, (codes[0, 0], bits), ("packed",))]
         if bits < 8:
             cases += [(f"pack with a code of {2 ** bits} at n_bits={bits}", c.t.pack, (too_big, bits), ("codes",)),
                       (f"pack of 7 codes per row at n_bits={bits}", c.t.pack, (codes[:, :7], bits), ("codes",))]
@@ -232,6 +235,9 @@ def pack_rejects_bad_input(ctx):
 @CHECKS.add("QuantizedKVCache: drawn programs over several layers keep every promise", uses="QuantizedKVCache.update")
 def cache_programs(ctx):
     ctx.forall(programs(), lambda c, ex: Replay(c, ex).run(), max_examples=25)
+    for dtype in (torch.bfloat16, torch.float16):  # SPEC: every function keeps the dtype, half types included
+        ctx.case({"n_bits": 4, "residual_len": 4, "layers": 2, "batch": 2, "heads": 2, "head_dim": 8, "dtype": dtype,
+                  "ops": [(0, 3), (1, 9), (0, 1), (0, 5), (1, 1)], "seed": 5}, lambda c, ex: Replay(c, ex).run())
 
 
 @CHECKS.add("QuantizedKVCache: the same state whatever the chunking", uses="QuantizedKVCache.update")
@@ -333,6 +339,8 @@ def cache_rejects_bad_input(ctx):
                 ("update with v_new of 2 tokens and k_new of 1", (0, k[:, :, :1], v[:, :, :2]), ("v_new",)),
                 ("update with v_new in another dtype than k_new", (0, k, v.to(other)), ("v_new",)),
                 ("update of layer 0 (Hkv 2) with k_new, v_new of 1 head", (0, k[:, :1], v[:, :1]), ("k_new",)),
+                ("update of layer 0 (B 1) with k_new, v_new of batch 2", (0, torch.cat([k, k]), torch.cat([v, v])),
+                 ("k_new",)),
                 ("update of layer 0 (D 4) with k_new, v_new of width 8", (0, torch.cat([k, k], 3),
                                                                           torch.cat([v, v], 3)), ("k_new",)),
                 (f"update of layer 0 ({ex['dtype']}) with k_new, v_new in {other}", (0, k.to(other), v.to(other)),
@@ -341,11 +349,33 @@ def cache_rejects_bad_input(ctx):
         _named(c, ex, "seq_len(-1)", cache.seq_len, (-1,), ("layer",))
         _named(c, ex, "nbytes(-1)", cache.nbytes, (-1,), ("layer",))
         K, V = c.call(cache.update, 0, k[:, :, 5:], v[:, :, 5:])
-        if cache.seq_len(0) != 6 or not torch.equal(V[:, :, 4:], v[:, :, 4:]):
+        if cache.seq_len(0) != 6 or cache.seq_len() != 6 or not torch.equal(V[:, :, 4:], v[:, :, 4:]):
             c.fail(f"after the refused updates and one of 1 token, seq_len(0) is {cache.seq_len(0)!r}, expected 5 + 1 "
                    "= 6: a refused update must change nothing", ex, ("refused call changed", cache.seq_len(0)))
 
     ctx.forall(st.fixed_dictionaries({"dtype": DTYPES, "seed": SEEDS}), body, max_examples=2)
+
+
+def _decode_through_one_buffer(api, c, ex):
+    """QuantizedKVCache() with its defaults, fed one token at a time from one key and one value buffer that
+    the caller refills before each update (as a decode loop does); what the cache returns and holds at the end."""
+    k, v = stream(ex, 0, ex["tokens"], c.device)
+    k_buf, v_buf = torch.empty_like(k[:, :, :1]), torch.empty_like(v[:, :, :1])
+    cache = api.QuantizedKVCache()
+    for t in range(ex["tokens"]):
+        k_buf.copy_(k[:, :, t:t + 1])
+        v_buf.copy_(v[:, :, t:t + 1])
+        K, V = c.call(cache.update, 0, k_buf, v_buf)
+    return {"K": K.detach().clone(), "V": V.detach().clone(), "seq_len()": cache.seq_len(), "nbytes()": cache.nbytes()}
+
+
+@CHECKS.add("QuantizedKVCache() defaults to 4 bits and R 32, and keeps its own copy of what it is given",
+            uses="QuantizedKVCache.update")
+def cache_defaults_and_copies(ctx):
+    ctx.case({"batch": 1, "heads": 2, "head_dim": 8, "dtype": torch.float32, "tokens": 40, "seed": 3},
+             lambda c, ex: c.differential(ex, lambda api, e: _decode_through_one_buffer(api, c, e),
+                                          "QuantizedKVCache(), then 40 one-token updates of layer 0, each from the "
+                                          "same k_new and v_new buffers refilled by the caller"))
 
 
 # -- the device -------------------------------------------------------------------------------

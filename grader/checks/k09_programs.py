@@ -16,7 +16,7 @@ from grader.engine import report
 from grader.checks.support.common import DTYPES, SEEDS, randn
 from grader.engine import Failure
 
-EPS = {torch.float64: 2.0 ** -52, torch.float32: 2.0 ** -23}
+EPS = {torch.float64: 2.0 ** -52, torch.float32: 2.0 ** -23, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
 D_CHOICES = {2: [4, 8], 4: [2, 4, 8], 8: [1, 3, 4, 8]}  # head widths, multiples of 8 // n_bits
 R_CHOICES = {2: [4, 8], 4: [2, 4, 6], 8: [1, 3, 4, 5]}  # residual lengths, multiples of 8 // n_bits
 

@@ -59,12 +59,12 @@ class FixedLogits(nn.Module):
     writes zeros into the cache, so any cache the learner built works with it.
     """
 
-    def __init__(self, table: torch.Tensor, device):
+    def __init__(self, table: torch.Tensor, device, dtype: torch.dtype = torch.float64):
         super().__init__()
         V = table.shape[-1]
         self.config = LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
                                   num_attention_heads=2, num_key_value_heads=1, head_dim=4)
-        self.table = nn.Parameter(table.to(device=device, dtype=torch.float64), requires_grad=False)
+        self.table = nn.Parameter(table.to(device=device, dtype=dtype), requires_grad=False)
         self.calls = 0
 
     @property

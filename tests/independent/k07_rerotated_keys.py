@@ -1,0 +1,128 @@
+"""Kata 07, written from its README: rotated keys re-rotated on eviction (the README's second way).
+
+Shapes: B batch, H heads, T new tokens, n kept tokens (sinks + window), D head width.
+Cache tensors are (B, H, n, D); hidden states are (B, T, d_model).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from grader.nn import apply_rope
+
+
+def _expect_sizes(n_sink, window) -> None:
+    if not isinstance(n_sink, int) or n_sink < 0:
+        raise ValueError(f"n_sink: expected an int >= 0, got {n_sink!r}")
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window: expected an int >= 1, got {window!r}")
+
+
+def kept_positions(seq_len: int, n_sink: int, window: int) -> list[int]:
+    """Original indices of the tokens a sink cache holds after ``seq_len`` tokens.
+
+    The first ``n_sink`` tokens plus the last ``window`` tokens (the window does not count the
+    sinks); every token while ``seq_len <= n_sink + window``. Sorted ascending. Negative
+    ``seq_len`` or ``n_sink``, or ``window < 1``, raise ValueError naming the argument.
+    """
+    _expect_sizes(n_sink, window)
+    if not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"seq_len: expected an int >= 0, got {seq_len!r}")
+    if seq_len <= n_sink + window:
+        return list(range(seq_len))
+    return list(range(n_sink)) + list(range(seq_len - window, seq_len))
+
+
+def _expect_kv(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name}: expected a tensor (batch, heads, seq, head_dim), got {got}")
+
+
+class SinkKVCache:
+    """The README's second way: keys stored rotated at their slots (in float32 at least), and the
+    window re-rotated by minus one slot each time a token is evicted."""
+
+    def __init__(self, n_sink: int, window: int, rope_base: float = 10000.0):
+        _expect_sizes(n_sink, window)
+        self.n_sink, self.window, self.rope_base = n_sink, window, rope_base
+        self.tokens_seen = 0
+        self._k: torch.Tensor | None = None  # rotated at slots 0 … n-1, in a dtype at least as wide as float32
+        self._v: torch.Tensor | None = None
+
+    def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _expect_kv("k_new", k_new)
+        _expect_kv("v_new", v_new)
+        if k_new.shape != v_new.shape:
+            raise ValueError(f"v_new: expected the shape of k_new {tuple(k_new.shape)}, got {tuple(v_new.shape)}")
+        if self._v is not None and (k_new.shape[:2] != self._v.shape[:2] or k_new.shape[3] != self._v.shape[3]):
+            raise ValueError(f"k_new: expected (batch, heads, *, head_dim) like the cache, got {tuple(k_new.shape)}")
+        T, held = k_new.shape[2], len(self)
+        if T > 1 and held + T > self.n_sink + self.window:
+            raise ValueError(f"k_new: {T} tokens at once would evict; add one token at a time once full")
+        wide = torch.promote_types(k_new.dtype, torch.float32)
+        if held + T > self.n_sink + self.window:  # one token in, the oldest window token out
+            s = self.n_sink
+            shifted = apply_rope(self._k[:, :, s + 1:], torch.full((held - s - 1,), -1, device=k_new.device),
+                                 self.rope_base)
+            self._k = torch.cat([self._k[:, :, :s], shifted], dim=2)
+            self._v = torch.cat([self._v[:, :, :s], self._v[:, :, s + 1:]], dim=2)
+            held -= 1
+        slots = torch.arange(held, held + T, device=k_new.device)
+        k_rot = apply_rope(k_new.to(wide), slots, self.rope_base)
+        self._k = k_rot if self._k is None else torch.cat([self._k, k_rot], dim=2)
+        self._v = v_new.clone() if self._v is None else torch.cat([self._v, v_new], dim=2)
+        self.tokens_seen += T
+        return self._k.to(k_new.dtype), self._v
+
+    def __len__(self) -> int:
+        return 0 if self._v is None else self._v.shape[2]
+
+
+class SinkAttention(nn.Module):
+    """Multi-head attention over a SinkKVCache, RoPE at positions inside the cache."""
+
+    def __init__(self, d_model: int, n_heads: int, n_sink: int, window: int, rope_base: float = 10000.0):
+        super().__init__()
+        if n_heads <= 0 or d_model <= 0 or d_model % n_heads or (d_model // n_heads) % 2:
+            raise ValueError(f"n_heads: expected a divisor of d_model={d_model} leaving an even head width, "
+                             f"got {n_heads}")
+        if n_sink < 0:
+            raise ValueError(f"n_sink: expected an int >= 0, got {n_sink!r}")
+        if window < 1:
+            raise ValueError(f"window: expected an int >= 1, got {window!r}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.n_sink, self.window, self.rope_base = n_sink, window, rope_base
+        self.wq = nn.Linear(d_model, d_model, bias=False)
+        self.wk = nn.Linear(d_model, d_model, bias=False)
+        self.wv = nn.Linear(d_model, d_model, bias=False)
+        self.wo = nn.Linear(d_model, d_model, bias=False)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def forward(self, x: torch.Tensor, cache: SinkKVCache) -> torch.Tensor:
+        """x (B, T, d_model) -> out (B, T, d_model); ``cache`` is updated with the new tokens.
+
+        New token i sits at slot n - T + i of the cache after the update (n = len(cache)); its
+        query is rotated there, and it attends to slots 0 … n - T + i. A 2-D x, or one of the
+        wrong width, raises ValueError naming x; a ``cache`` that is not a SinkKVCache, naming cache.
+        """
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x: expected (batch, seq, {self.d_model}), got {got}")
+        if not isinstance(cache, SinkKVCache):
+            raise ValueError(f"cache: expected a SinkKVCache, got {type(cache).__name__}")
+        B, T, _ = x.shape
+        K, V = cache.update(self._heads(self.wk(x)), self._heads(self.wv(x)))  # (B, H, n, D), keys rotated
+        n = K.shape[2]
+        slots = torch.arange(n - T, n, device=x.device)  # the new tokens' slots, the last T of the cache
+        q = apply_rope(self._heads(self.wq(x)), slots, self.rope_base)  # (B, H, T, D)
+        scores = q @ K.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, n)
+        cols = torch.arange(n, device=x.device)[None, :]
+        scores = scores.masked_fill(cols > slots[:, None], float("-inf"))  # causal within a prefill chunk
+        out = torch.softmax(scores, dim=-1) @ V  # (B, H, T, D)
+        return self.wo(out.transpose(1, 2).reshape(B, T, self.d_model))  # (B, T, d_model)
