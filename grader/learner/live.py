@@ -134,7 +134,7 @@ class Grading:
     def _reap(self, why: str | None = None) -> None:
         os.close(self.fd)
         _, status = os.waitpid(self.pid, 0)
-        self.ended = why or _ended(status)
+        self.ended = why or how_it_ended(status)
 
 
 def _child(write_end: int, k, seed: int, timeout: float, first: str | None) -> None:
@@ -153,7 +153,7 @@ def _child(write_end: int, k, seed: int, timeout: float, first: str | None) -> N
         os._exit(code)
 
 
-def _ended(status: int) -> str:
+def how_it_ended(status: int) -> str:
     if os.WIFSIGNALED(status):
         try:
             return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"

@@ -107,7 +107,7 @@ def _finish(slot: _Slot, timed_out: bool) -> Outcome:
         answer = json.loads(b"".join(slot.chunks))
         return Outcome(slot.mutant, bool(answer["killed"]), answer["how"])
     except (ValueError, KeyError, TypeError):
-        return Outcome(slot.mutant, True, f"crashed: {live._ended(status)}")
+        return Outcome(slot.mutant, True, f"crashed: {live.how_it_ended(status)}")
 
 
 def grade_all(kata: manifest.Kata, reference, todo: list[Mutant], jobs: int, timeout: float,

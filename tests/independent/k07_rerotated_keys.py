@@ -5,9 +5,8 @@ Cache tensors are (B, H, n, D); hidden states are (B, T, d_model).
 """
 from __future__ import annotations
 
-import math
-
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from grader.nn import apply_rope
@@ -100,29 +99,22 @@ class SinkAttention(nn.Module):
         self.wv = nn.Linear(d_model, d_model, bias=False)
         self.wo = nn.Linear(d_model, d_model, bias=False)
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-
     def forward(self, x: torch.Tensor, cache: SinkKVCache) -> torch.Tensor:
-        """x (B, T, d_model) -> out (B, T, d_model); ``cache`` is updated with the new tokens.
-
-        New token i sits at slot n - T + i of the cache after the update (n = len(cache)); its
-        query is rotated there, and it attends to slots 0 … n - T + i. A 2-D x, or one of the
-        wrong width, raises ValueError naming x; a ``cache`` that is not a SinkKVCache, naming cache.
-        """
+        """x (B, T, d_model) -> (B, T, d_model), through torch's fused attention with a boolean mask."""
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x: expected (batch, seq, {self.d_model}), got {got}")
         if not isinstance(cache, SinkKVCache):
             raise ValueError(f"cache: expected a SinkKVCache, got {type(cache).__name__}")
         B, T, _ = x.shape
-        K, V = cache.update(self._heads(self.wk(x)), self._heads(self.wv(x)))  # (B, H, n, D), keys rotated
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(B, T, self.n_heads, self.head_dim).permute(0, 2, 1, 3)  # (B, H, T, D)
+
+        K, V = cache.update(split(self.wk(x)), split(self.wv(x)))  # (B, H, n, D)
         n = K.shape[2]
-        slots = torch.arange(n - T, n, device=x.device)  # the new tokens' slots, the last T of the cache
-        q = apply_rope(self._heads(self.wq(x)), slots, self.rope_base)  # (B, H, T, D)
-        scores = q @ K.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, n)
-        cols = torch.arange(n, device=x.device)[None, :]
-        scores = scores.masked_fill(cols > slots[:, None], float("-inf"))  # causal within a prefill chunk
-        out = torch.softmax(scores, dim=-1) @ V  # (B, H, T, D)
-        return self.wo(out.transpose(1, 2).reshape(B, T, self.d_model))  # (B, T, d_model)
+        where = torch.arange(n - T, n, device=x.device)  # the new tokens' places in the cache
+        q = apply_rope(split(self.wq(x)), where, self.rope_base)  # (B, H, T, D)
+        allowed = torch.arange(n, device=x.device)[None, :] <= where[:, None]  # (T, n), True: may attend
+        out = F.scaled_dot_product_attention(q, K, V, attn_mask=allowed)  # (B, H, T, D)
+        return self.wo(out.permute(0, 2, 1, 3).reshape(B, T, self.d_model))  # (B, T, d_model)
