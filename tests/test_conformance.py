@@ -70,3 +70,31 @@ def test_every_tensor_name_has_dtype_and_device_promises(kata):
     if any(p["kind"] == "device" for p in promises):
         assert "keeps_the_device" in {c.id for c in checks.for_kata(kata.id).all}, \
             f"grader/checks/k{kata.id}.py has no check keeps_the_device"
+
+
+WIDE_FIELDS = {"kind", "says", "checks", "exempt"}
+
+
+@pytest.mark.parametrize("kata", KATAS, ids=IDS)
+def test_every_wide_kind_is_exercised_or_exempt(kata):
+    """Each kind of input beyond the drawn ones is named once per table: the checks that reach it, or why
+    it does not apply to this kata."""
+    known = {c.id for c in checks.for_kata(kata.id).all}
+    entries = conformance.load_wide(kata.id)
+    for entry in entries:
+        where = f"k{kata.id}.toml: wide / {entry.get('kind')}"
+        assert set(entry) <= WIDE_FIELDS, f"{where}: unknown field(s) {sorted(set(entry) - WIDE_FIELDS)}"
+        assert entry.get("kind") in conformance.WIDE, f"{where}: kind must be one of {sorted(conformance.WIDE)}"
+        assert isinstance(entry.get("says"), str) and entry["says"].strip(), f"{where}: says what is exercised"
+        ids = entry.get("checks")
+        assert isinstance(ids, list), f"{where}: checks must be a list of check ids"
+        unknown = [i for i in ids if i not in known]
+        assert not unknown, f"{where}: no check named {unknown} in grader/checks/k{kata.id}.py"
+        if not ids:
+            assert isinstance(entry.get("exempt"), str) and entry["exempt"].strip(), \
+                f"{where}: no check and no exempt reason"
+    kinds = [e.get("kind") for e in entries]
+    missing = [k for k in conformance.WIDE if k not in kinds]
+    twice = sorted({k for k in kinds if kinds.count(k) > 1})
+    assert not missing, f"k{kata.id}.toml: no [[wide]] entry for {missing}"
+    assert not twice, f"k{kata.id}.toml: more than one [[wide]] entry for {twice}"

@@ -15,6 +15,20 @@ from grader import manifest
 PROMISES_DIR = manifest.PACKAGE_DIR / "checks" / "promises"
 KINDS = ("returns", "dtype", "device", "bad-input", "state", "exact", "error-type")
 SOURCES = ("SPEC", "README")
+# The inputs beyond the drawn ones that real code meets (issue-tracker review kinds, one word each). Every
+# table says, for each, which checks exercise it in this kata, or why it does not apply here.
+WIDE = {
+    "large": "sizes beyond the drawn range: a few hundred tokens, 16+ heads, larger batches",
+    "half": "bfloat16 and float16 inputs, the result keeping the half type",
+    "extremes": "numerical extremes: large-magnitude activations, near-ties in a choice",
+    "aliasing": "state and aliasing: a returned value the caller changes, the same call twice, two instances "
+                "interleaved, a returned object kept while the next call runs",
+    "strided": "non-contiguous inputs, as a .transpose(1, 2) after a projection makes them",
+    "special": "special values: token id 0, multi-digit ids, the first and last valid value of an argument",
+    "sequences": "rules reachable only through a particular sequence of operations",
+    "both-directions": "bad secondary arguments in both directions: too small and too large, wrong type, "
+                       "each boundary value accepted",
+}
 
 
 def table_path(kata_id: str) -> Path:
@@ -25,6 +39,12 @@ def load(kata_id: str) -> list[dict]:
     """The promises of one kata, as written in its table (a missing table is FileNotFoundError)."""
     with open(table_path(kata_id), "rb") as handle:
         return list(tomllib.load(handle).get("promise", []))
+
+
+def load_wide(kata_id: str) -> list[dict]:
+    """The table's ``[[wide]]`` entries: for each kind of WIDE, the checks that exercise it, or an exempt reason."""
+    with open(table_path(kata_id), "rb") as handle:
+        return list(tomllib.load(handle).get("wide", []))
 
 
 def _methods(node: ast.ClassDef):
