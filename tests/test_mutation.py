@@ -81,11 +81,22 @@ def test_a_bad_entry_of_the_list_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kata_id", ["01", "02", "03", "04", "05", "07", "08", "09"])
+@pytest.mark.parametrize("kata_id", list(manifest.load()))
 def test_every_non_equivalent_mutant_is_killed(kata_id):
     outcomes = runner.run(kata_id, jobs=2)
     figures = summary.figures(kata_id, outcomes, summary.equivalents())
     assert not figures.surviving, [o.mutant.id for o in figures.surviving]
+    assert not figures.stale, f"listed as equivalent but killed: {[o.mutant.id for o in figures.stale]}"
+
+
+def test_the_command_names_a_bad_kata_id_and_defaults_to_every_kata(capsys):
+    from grader.mutation.__main__ import main
+
+    with pytest.raises(SystemExit, match="expected ids among 01"):
+        main(["14"])
+    assert main(["--list", "--only", "raise"]) == 0
+    listed = {line.split("\t")[0] for line in capsys.readouterr().out.splitlines()}
+    assert listed == set(manifest.load())  # every reference has a raise to drop
 
 
 def test_a_handout_leaves_out_the_mutation_tools_and_their_lists(tmp_path):

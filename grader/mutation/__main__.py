@@ -1,4 +1,5 @@
-"""``python -m grader.mutation NN [NN ...]``: mutate the references, grade each mutant, report."""
+"""``python -m grader.mutation [NN ...]``: mutate the references, grade each mutant, report (every kata
+when none is named)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ from grader.mutation import runner, summary
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grader.mutation", description=__doc__)
-    p.add_argument("katas", nargs="+", help="kata ids (01 … 13)")
+    p.add_argument("katas", nargs="*", help="kata ids (01 … 13); every kata when none is given")
     p.add_argument("--jobs", type=int, default=2, help="mutants graded at once (default 2)")
     p.add_argument("--report", type=Path, help="also write the Markdown report to this file")
     p.add_argument("--only", help="only the mutants whose id contains this text")
@@ -21,10 +22,36 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Progress:
+    """``kata 06: 57/197 mutants graded, 3 not killed`` on standard error: rewritten in place on a
+    terminal, a line every tenth of the way otherwise."""
+
+    def __init__(self, kata_id: str, total: int):
+        self.kata_id, self.total, self.graded, self.alive = kata_id, total, 0, 0
+        self.tty = sys.stderr.isatty()
+
+    def step(self, killed: bool) -> None:
+        self.graded += 1
+        self.alive += not killed
+        tenth = max(1, self.total // 10)
+        if self.tty or self.graded % tenth == 0 or self.graded == self.total:
+            line = f"kata {self.kata_id}: {self.graded}/{self.total} mutants graded, {self.alive} not killed"
+            print(f"\r{line}" if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty and self.graded:
+            print(file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs: expected at least 1, got {args.jobs}")
+    known = list(manifest.load())
+    unknown = [k for k in args.katas if k not in known]
+    if unknown:
+        raise SystemExit(f"katas: expected ids among {', '.join(known)}, got {', '.join(unknown)}")
+    args.katas = args.katas or known
     listed = summary.equivalents()
     if args.list:
         for kata_id in args.katas:
@@ -33,17 +60,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = []
     for kata_id in args.katas:
-        def show(o, kata_id=kata_id):
+        progress = _Progress(kata_id, len(runner.kata_mutants(manifest.get(kata_id), args.only)))
+
+        def show(o, kata_id=kata_id, progress=progress):
             if args.verbose:
                 print(f"{kata_id} {'killed  ' if o.killed else 'SURVIVED'} {o.mutant.id}  {o.how}", flush=True)
+            else:
+                progress.step(o.killed)
         outcomes = runner.run(kata_id, jobs=args.jobs, only=args.only, timeout=args.timeout, on_outcome=show)
-        results.append(summary.figures(kata_id, outcomes, listed))
+        progress.done()
+        results.append(summary.figures(kata_id, outcomes, listed, complete=args.only is None))
     text = summary.render(results, listed)
     print(text, end="")
     if args.report:
         command = " ".join(["python -m grader.mutation", *args.katas] + ([f"--only {args.only!r}"] if args.only else []))
         args.report.write_text(f"# Mutation testing of the references\n\nReproduce: `{command}`\n\n{text}", encoding="utf-8")
-    return 0 if all(not f.surviving for f in results) else 1
+    return 0 if all(not (f.surviving or f.stale or f.gone) for f in results) else 1
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ class KataFigures:
     equivalent: int
     surviving: list  # Outcomes of surviving mutants not listed as equivalent
     stale: list  # listed as equivalent, but killed
+    reviewed: list  # ids of the surviving mutants listed as equivalent
+    gone: list  # ids listed as equivalent for this kata that no mutant of the reference has any more
 
     @property
     def score(self) -> float:
@@ -37,13 +39,18 @@ class KataFigures:
         return self.killed / judged if judged else 1.0
 
 
-def figures(kata_id: str, outcomes: list, listed: dict[tuple[str, str], str]) -> KataFigures:
+def figures(kata_id: str, outcomes: list, listed: dict[tuple[str, str], str], complete: bool = True) -> KataFigures:
+    """The figures of one kata's run; ``complete`` when every mutant was graded (no ``--only``), so that
+    listed mutants the reference no longer has can be told."""
     killed = [o for o in outcomes if o.killed]
     survivors = [o for o in outcomes if not o.killed]
     equivalent = [o for o in survivors if (kata_id, o.mutant.id) in listed]
+    ids = {o.mutant.id for o in outcomes}
+    gone = sorted(m for (k, m) in listed if k == kata_id and m not in ids) if complete else []
     return KataFigures(kata_id, len(outcomes), len(killed), len(equivalent),
                        [o for o in survivors if (kata_id, o.mutant.id) not in listed],
-                       [o for o in killed if (kata_id, o.mutant.id) in listed])
+                       [o for o in killed if (kata_id, o.mutant.id) in listed],
+                       sorted(o.mutant.id for o in equivalent), gone)
 
 
 def render(all_figures: list[KataFigures], listed: dict[tuple[str, str], str]) -> str:
@@ -60,8 +67,10 @@ def render(all_figures: list[KataFigures], listed: dict[tuple[str, str], str]) -
         if f.stale:
             lines += ["", f"Kata {f.kata}: listed as equivalent but killed (remove from the list):"]
             lines += [f"- `{o.mutant.id}`: {o.how}" for o in f.stale]
-        equivalent = sorted(m for (k, m) in listed if k == f.kata)
-        if equivalent:
+        if f.gone:
+            lines += ["", f"Kata {f.kata}: listed as equivalent but no longer a mutant of the reference (remove from the list):"]
+            lines += [f"- `{m}`" for m in f.gone]
+        if f.reviewed:
             lines += ["", f"Kata {f.kata}: equivalent mutants (reviewed):"]
-            lines += [f"- `{m}`: {listed[(f.kata, m)]}" for m in equivalent]
+            lines += [f"- `{m}`: {listed[(f.kata, m)]}" for m in f.reviewed]
     return "\n".join(lines) + "\n"
