@@ -6,8 +6,8 @@ cache is written (two caches never share storage). Gathered keys and values may 
 until the next call that changes *that* cache, so no program here writes into a gathered tensor or holds one
 across a write to the same cache.
 
-Block ids are free, so every result is made id-free before it is compared: a block id becomes a letter in order
-of first appearance, a slot becomes (letter of its block, offset).
+Block ids are free, so every result is made id-free (protocol.relabel) before it is compared: a block id becomes
+a name in order of first appearance, a slot becomes (name of its block, offset).
 """
 from __future__ import annotations
 
@@ -17,24 +17,6 @@ from grader.checks.k06_programs import new_kv
 from grader.checks.support import protocol
 
 GEOMETRY = {"num_blocks": 8, "block_size": 2, "layers": 2}
-
-
-def id_free(value, block_size: int, names: dict | None = None):
-    """``value`` with block ids (ints in lists) and slots (integer tensors) relabelled by first appearance."""
-    names = {} if names is None else names
-
-    def name(block: int) -> str:
-        return names.setdefault(block, chr(ord("A") + len(names)))
-
-    if isinstance(value, torch.Tensor) and not value.is_floating_point():
-        return [(name(s // block_size), s % block_size) for s in value.tolist()]
-    if isinstance(value, dict):
-        return {k: id_free(v, block_size, names) for k, v in value.items()}
-    if isinstance(value, list) and all(isinstance(b, int) and not isinstance(b, bool) for b in value):
-        return [name(b) for b in value]
-    if isinstance(value, (list, tuple)):
-        return type(value)(id_free(v, block_size, names) for v in value)
-    return value
 
 
 def prefilled(api, ex, tokens: int = 3):
@@ -64,14 +46,14 @@ def table_changed_by_caller(api, ex):
     program = protocol.changed_by_caller(lambda a, e: cache.block_table(0),
                                          lambda a, e: {"reserve(0, 2)": write(cache, ex, 0, 2, 1), **_state(cache, 0)},
                                          after="reserve(0, 2) + write")
-    return id_free(program(api, ex), GEOMETRY["block_size"])
+    return protocol.relabel(program(api, ex), GEOMETRY["block_size"])
 
 
 def slots_kept(api, ex):
     cache = prefilled(api, ex, tokens=1)
     program = protocol.kept(lambda a, e: cache.reserve(0, 2), lambda a, e: cache.reserve(0, 3),
                             held="the slots of reserve(0, 2)", after="reserve(0, 3)")
-    return id_free(program(api, ex), GEOMETRY["block_size"])
+    return protocol.relabel(program(api, ex), GEOMETRY["block_size"])
 
 
 def slots_changed_by_caller(api, ex):
@@ -79,7 +61,7 @@ def slots_changed_by_caller(api, ex):
     program = protocol.changed_by_caller(lambda a, e: cache.reserve(0, 2),
                                          lambda a, e: {"reserve(0, 3)": cache.reserve(0, 3), **_state(cache, 0)},
                                          after="reserve(0, 3)")
-    return id_free(program(api, ex), GEOMETRY["block_size"])
+    return protocol.relabel(program(api, ex), GEOMETRY["block_size"])
 
 
 def two_caches(api, ex):
@@ -89,7 +71,7 @@ def two_caches(api, ex):
 
     program = protocol.interleaved(lambda a, e, i: prefilled(a, {**ex, "seed": ex["seed"] + 100 * i}), step, steps=3)
     names: dict = {}  # each cache hands out its own ids: letters per instance
-    return {key: id_free(value, GEOMETRY["block_size"], names.setdefault(key.split(",")[0], {}))
+    return {key: protocol.relabel(value, GEOMETRY["block_size"], names.setdefault(key.split(",")[0], {}))
             for key, value in program(api, ex).items()}
 
 
@@ -98,7 +80,7 @@ def gathered_kept_across_caches(api, ex):
     program = protocol.kept(lambda a, e: first.gather(0, 0),
                             lambda a, e: {"reserve(0, 3) + write": write(other, ex, 0, 3, 2), **_state(other, 0)},
                             held="gather(0, 0) of one cache", after="a write to another cache")
-    return id_free(program(api, ex), GEOMETRY["block_size"])
+    return protocol.relabel(program(api, ex), GEOMETRY["block_size"])
 
 
 PROGRAMS = {"block_table(0) overwritten by the caller, then reserve + write": table_changed_by_caller,
