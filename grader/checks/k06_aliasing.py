@@ -11,8 +11,6 @@ a name in order of first appearance, a slot becomes (name of its block, offset).
 """
 from __future__ import annotations
 
-import torch
-
 from grader.checks.k06_programs import new_kv
 from grader.checks.support import protocol
 
