@@ -226,9 +226,9 @@ SMALLEST = {"num_blocks": 1, "block_size": 1, "ops": [
 def rejects_bad_input(ctx):
     def body(c, ex):
         api, bad = c.t, ex["bad"]
-        cases = [(f"PrefixCache({bad}, 4)", api.PrefixCache, (bad, 4), ("num_blocks",)),
-                 (f"PrefixCache(4, {bad})", api.PrefixCache, (4, bad), ("block_size",)),
-                 (f"block_hashes([1, 2, 3], {bad})", api.block_hashes, ([1, 2, 3], bad), ("block_size",))]
+        cases = [(f"PrefixCache({bad!r}, 4)", api.PrefixCache, (bad, 4), ("num_blocks",)),
+                 (f"PrefixCache(4, {bad!r})", api.PrefixCache, (4, bad), ("block_size",)),
+                 (f"block_hashes([1, 2, 3], {bad!r})", api.block_hashes, ([1, 2, 3], bad), ("block_size",))]
         cache = api.PrefixCache(8, 4)
         if not (isinstance(api.OutOfBlocksError, type) and issubclass(api.OutOfBlocksError, RuntimeError)):
             c.fail("OutOfBlocksError should be a subclass of RuntimeError", ex, ("not a RuntimeError",))
