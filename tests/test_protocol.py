@@ -102,3 +102,11 @@ def test_twice_and_scribble_reach_nested_values():
     counter = iter(range(10))
     assert "again" in report.compare(protocol.twice(lambda api, e: next(counter))(None, {}),
                                      protocol.twice(lambda api, e: 0)(None, {}))
+
+
+def test_relabel_names_ids_by_first_appearance():
+    """Two results that differ only in which ids were handed out relabel alike; a different sharing does not."""
+    mine = {"table": [5, 2], "slots": torch.tensor([11, 4]), "count": 3}
+    theirs = {"table": [0, 1], "slots": torch.tensor([1, 2]), "count": 3}
+    assert protocol.relabel(mine, block_size=2) == protocol.relabel(theirs, block_size=2)
+    assert protocol.relabel({"table": [0, 0]}) != protocol.relabel({"table": [0, 1]})

@@ -15,7 +15,8 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices
+from grader.checks import k06_aliasing as aliasing
+from grader.checks.support import devices, envelope
 from grader.checks.support.common import DTYPES, SEEDS, attention, expect_value_error, randn, value_error_names
 from grader.checks.k06_programs import Replay, kv_dict, new_kv, programs, replay
 from grader.engine import Checks
@@ -97,8 +98,16 @@ def reserve_write_gather(ctx):
     ctx.forall(programs(kinds=("reserve", "add", "free"), blocks=(12, 16)), replay, max_examples=12)
 
 
+# Past the drawn sizes: 16 heads, blocks of 16, a 300-token prompt forked (its last block copied) and grown.
+LARGE = {"num_blocks": 48, "block_size": 16, "heads": 16, "head_dim": 8, "seed": 16, "ops": [
+    ("add", 0), ("reserve", 0, 300), ("fork", 0, 1), ("reserve", 1, 20), ("reserve", 0, 5),
+    ("add", 2), ("reserve", 2, 100), ("free", 1), ("reserve", 2, 150)]}
+
+
 @CHECKS.add("random programs of add, reserve + write, fork and free keep every invariant", uses="PagedKVCache.fork")
 def random_programs(ctx):
+    # the copy-on-write program once large, once in bfloat16 and float16 pages, once with transposed k, v views
+    envelope.run(ctx, COW_PROGRAM, ("large", "half", "strided"), replay, large=LARGE)
     ctx.forall(programs(max_ops=12), replay, max_examples=25)
 
 
@@ -222,6 +231,13 @@ def paged_rejects_bad_input(ctx):
             ("write with v of another head width than k", cache.write, (0, slots, k, torch.cat([v, v], -1)), ("v",)),
             ("write to slot 16 of a cache of 8 blocks of 2", cache.write,
              (0, torch.tensor([0, 1, 16], device=c.device), k, v), ("slots",)),
+            ("write with the slots as a 2-D tensor (3, 1)", cache.write, (0, slots.view(3, 1), k, v), ("slots",)),
+            ("write with the slots as a float tensor", cache.write, (0, slots.double(), k, v), ("slots",)),
+            ("write with k of one head more", cache.write, (0, slots, torch.cat([k, k[:1]]), v), ("k",)),
+            ("write with k as a nested list", cache.write, (0, slots, k.tolist(), v), ("k",)),
+            ("write with v of one token fewer", cache.write, (0, slots, k, v[:, :2]), ("v",)),
+            ("gather(0, 0.0), a float layer", cache.gather, (0, 0.0), ("layer",)),
+            ("reserve(0, '1'), a str n_tokens", cache.reserve, (0, "1"), ("n_tokens",)),
         ]
         for what, fn, args, names in cases:
             expect_value_error(c, fn, *args, what=what, names=names, example=ex)
@@ -234,10 +250,35 @@ def paged_rejects_bad_input(ctx):
         if problem:  # observed: what came back, since every wrong gather fails here
             c.fail(f"after the refused calls, gather(0, 0) no longer returns the 3 tokens written:\n  {problem}",
                    ex, ("refused call changed", gathered))
+        _other_dtype(c, ex, cache)
 
     ctx.forall(st.fixed_dictionaries({"layers": st.integers(1, 2), "heads": st.integers(1, 2),
                                       "head_dim": st.integers(1, 3), "dtype": DTYPES, "seed": SEEDS}),
                body, max_examples=3)
+    ctx.case({"layers": 2, "heads": 2, "head_dim": 3, "dtype": torch.bfloat16, "seed": 4}, body)  # float32 into bf16
+
+
+def _other_dtype(c, ex, cache) -> None:
+    """write of keys and values in another dtype than the pages: converted to the pages' dtype, or a
+    ValueError naming k or v (README: either is fine)."""
+    other = torch.float64 if ex["dtype"] == torch.float32 else torch.float32
+    slots = cache.reserve(1, 2)
+    k, v = (t.to(other) for t in new_kv(ex, 1, 0, 2, c.device))
+    what = f"write(0, slots, k, v) with k, v in {other} into {ex['dtype']} pages"
+    try:
+        c.call(cache.write, 0, slots, k, v)
+    except ValueError as exc:
+        if not value_error_names(exc, ("k", "v")):
+            c.fail(f"{what} raised ValueError({str(exc)!r}); the message should name k or v", ex, ("unnamed", what))
+        return
+    except Exception as exc:
+        c.fail(f"{what}: expected the keys and values converted to the pages' dtype, or a ValueError naming k or v; "
+               f"your code raised {type(exc).__name__}: {exc}", ex, ("raised", type(exc).__name__, "other dtype"))
+    got = kv_dict(cache.gather(1, 0))
+    problem = report.compare({"K": k.to(ex["dtype"]), "V": v.to(ex["dtype"])}, got)
+    if problem:
+        c.fail(f"after {what} (convert them to the pages' dtype, or refuse them), gather(1, 0):\n  {problem}", ex,
+               ("other dtype", problem.split(":")[0]))
 
 
 # -- bad ids and sizes, reused ids, edge states --------------------------------------------------
@@ -273,7 +314,7 @@ def _empty_pool(c, ex, what, make, allocator_of):
 def allocator_rejects_bad_ids(ctx):
     def body(c, ex):
         n = ex["num_blocks"]
-        for bad in (-1, 2.5):
+        for bad in (-1, 2.5, "2"):
             _refused(c, ex, f"BlockAllocator({bad!r})", ("num_blocks",), c.t.BlockAllocator, bad)
         _empty_pool(c, ex, "BlockAllocator(0)", lambda: c.t.BlockAllocator(0), lambda alloc: alloc)
         alloc = c.t.BlockAllocator(n)
@@ -302,15 +343,31 @@ def paged_rejects_bad_sizes(ctx):
     def body(c, ex):
         good = {"num_blocks": 4, "block_size": 2, "n_layers": 2, "n_kv_heads": 1, "head_dim": 2}
         for name in good:
-            for bad in (0, -1, 2.5):
+            for bad in (0, -1, 2.5, "2"):
                 args = {**good, name: bad}
                 what = f"PagedKVCache({', '.join(f'{k}={v!r}' for k, v in args.items())})"
                 if name == "num_blocks" and bad == 0:  # an empty pool is the learner's choice
                     _empty_pool(c, ex, what, lambda: c.t.PagedKVCache(*args.values()), lambda cache: cache.allocator)
                     continue
                 _refused(c, ex, what, (name,), c.t.PagedKVCache, *args.values())
+        _smallest(c, ex)
 
     ctx.case({"seed": 0}, body)
+
+
+def _smallest(c, ex) -> None:
+    """The first valid value of every size: PagedKVCache(1, 1, 1, 1, 1) holds one token."""
+    cache = c.t.PagedKVCache(1, 1, 1, 1, 1, dtype=torch.float64)
+    cache.add_sequence(0)
+    slots = cache.reserve(0, 1)
+    k, v = new_kv({"heads": 1, "head_dim": 1, "dtype": torch.float64, "seed": 9}, 0, 0, 1, "cpu")
+    cache.write(0, slots, k, v)
+    problem = report.compare({"slots": [0], "K": k, "V": v}, {"slots": slots.tolist(), **kv_dict(cache.gather(0, 0))})
+    if problem:
+        c.fail(f"PagedKVCache(1, 1, 1, 1, 1) (every size at its smallest): reserve(0, 1), write, gather(0, 0):\n  "
+               f"{problem}", ex, ("smallest", problem.split(":")[0]))
+    c.raises(c.t.OutOfBlocksError, cache.reserve, 0, 1, example=ex,
+             what="reserve(0, 1) a second time on PagedKVCache(1, 1, 1, 1, 1), whose one block is full")
 
 
 @CHECKS.add("a freed sequence id is unknown everywhere; bad n_tokens, layers and slots are refused",
@@ -403,3 +460,13 @@ def _device_scenario(s):
 def keeps_the_device(ctx):
     ctx.case({"num_blocks": 8, "block_size": 4, "n_layers": 2, "n_kv_heads": 2, "head_dim": 4},
              lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))
+
+
+@CHECKS.add("what reserve and block_table return is the caller's; two caches never share storage",
+            uses="PagedKVCache.block_table")
+def results_stay_the_callers(ctx):
+    def body(c, ex):
+        for what, program in aliasing.PROGRAMS.items():
+            c.differential(ex, program, what)
+
+    ctx.case({"heads": 2, "head_dim": 3, "dtype": torch.float64, "seed": 3}, body)

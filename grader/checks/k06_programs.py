@@ -65,10 +65,12 @@ def _say(op) -> str:
 
 
 def new_kv(ex, step, layer, n, device):
-    shape = (ex["heads"], n, ex["head_dim"])
-    k = randn(ex["seed"] + 1000 * step + 2 * layer, *shape, dtype=ex["dtype"], device=device)
-    v = randn(ex["seed"] + 1000 * step + 2 * layer + 1, *shape, dtype=ex["dtype"], device=device)
-    return k, v
+    """Keys and values (H, n, D) of one write; with ``ex["strided"]``, views of (n, H, D) tensors, as a
+    projection's ``.transpose`` makes them."""
+    seed, H, D = ex["seed"] + 1000 * step + 2 * layer, ex["heads"], ex["head_dim"]
+    if ex.get("strided"):
+        return tuple(randn(seed + i, n, H, D, dtype=ex["dtype"], device=device).transpose(0, 1) for i in (0, 1))
+    return tuple(randn(seed + i, H, n, D, dtype=ex["dtype"], device=device) for i in (0, 1))
 
 
 # -- the model ----------------------------------------------------------------------------------

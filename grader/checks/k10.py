@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from grader.checks.support import protocol
 from grader.checks.support.common import expect_value_error
-from grader.checks.k10_programs import programs, replay
+from grader.checks.k10_programs import prefix_workload, programs, replay
 from grader.engine import Checks
 
 CHECKS = Checks("10")
@@ -82,6 +83,7 @@ def hashes_are_chained(ctx):
                    f"before it: {hx} became {hc}", ex, ("change not propagated",))
 
     ctx.case({"block_size": 2, "a": [1, 2], "b": [5, 6], "block": [3, 4]}, body)
+    ctx.case({"block_size": 2, "a": [1, 23], "b": [12, 3], "block": [0, 0]}, body)  # multi-digit ids, token id 0
     blocks = st.integers(1, 4).flatmap(lambda P: st.fixed_dictionaries({
         "block_size": st.just(P),
         "a": st.integers(0, 2).flatmap(lambda n: st.lists(st.integers(0, 3), min_size=n * P, max_size=n * P)),
@@ -136,6 +138,20 @@ DECODE = {"num_blocks": 8, "block_size": 4, "ops": [
              13: {"reused": 4, "free": 6, "cached": 2}, 14: {"free": 8, "cached": 2}}}
 
 
+def _large() -> dict:
+    """Past the drawn sizes: six requests on one 256-token system prompt (ids up to 31999, blocks of 16),
+    two decoding 20 tokens, all freed, then the first prompt again with the cache full of evictable blocks."""
+    prompts = prefix_workload(requests=6, prefix=256, suffix=(20, 60), seed=10)
+    ops = [("allocate", i, p) for i, p in enumerate(prompts[:4])] + [("free", 1), ("free", 2)]
+    ops += [("append", seq, 31999 - t) for t in range(20) for seq in (0, 3)]
+    ops += [("allocate", 1, prompts[4]), ("allocate", 2, prompts[5])]
+    ops += [("free", s) for s in range(4)] + [("allocate", 0, prompts[0]), ("free", 0)]
+    return {"num_blocks": 64, "block_size": 16, "ops": ops}
+
+
+LARGE = _large()
+
+
 @CHECKS.add("requests sharing a system prompt reuse its cached blocks", uses="PrefixCache.allocate")
 def shared_system_prompt(ctx):
     ctx.case(SHARED_PROMPT, replay)
@@ -152,6 +168,7 @@ def shared_system_prompt(ctx):
                 "ops": ops + [("free", i) for i in range(len(own))], "want": want}
 
     ctx.forall(requests(), replay, max_examples=10)
+    ctx.case(LARGE, replay)
 
 
 @CHECKS.add("the prompt's last token is always computed: at most len - 1 tokens are reused",
@@ -193,16 +210,25 @@ def random_programs(ctx):
 @CHECKS.add("under memory pressure: OutOfBlocksError changes nothing, eviction never takes a held block",
             uses="PrefixCache.allocate")
 def memory_pressure(ctx):
+    ctx.case(SMALLEST, replay)
     ctx.forall(programs(blocks=(1, 5), block_sizes=(1, 3), max_ops=16), replay, max_examples=25)
+
+
+# The smallest cache, PrefixCache(1, 1): one block of one token.
+SMALLEST = {"num_blocks": 1, "block_size": 1, "ops": [
+    ("allocate", 0, [0]), ("allocate", 1, [0, 1]),  # 0 holds the one block; 1 cannot get two: OutOfBlocksError
+    ("append", 0, 1),  # the block is full, no other: OutOfBlocksError
+    ("free", 0), ("allocate", 1, [0, 1]),  # hits [0] but needs one more block: none can be had
+    ("allocate", 1, [0]), ("free", 1)]}  # the last token is computed: [0] evicted and taken again, 0 reused
 
 
 @CHECKS.add("bad input raises ValueError naming the argument, and changes nothing", uses="PrefixCache")
 def rejects_bad_input(ctx):
     def body(c, ex):
         api, bad = c.t, ex["bad"]
-        cases = [(f"PrefixCache({bad}, 4)", api.PrefixCache, (bad, 4), ("num_blocks",)),
-                 (f"PrefixCache(4, {bad})", api.PrefixCache, (4, bad), ("block_size",)),
-                 (f"block_hashes([1, 2, 3], {bad})", api.block_hashes, ([1, 2, 3], bad), ("block_size",))]
+        cases = [(f"PrefixCache({bad!r}, 4)", api.PrefixCache, (bad, 4), ("num_blocks",)),
+                 (f"PrefixCache(4, {bad!r})", api.PrefixCache, (4, bad), ("block_size",)),
+                 (f"block_hashes([1, 2, 3], {bad!r})", api.block_hashes, ([1, 2, 3], bad), ("block_size",))]
         cache = api.PrefixCache(8, 4)
         if not (isinstance(api.OutOfBlocksError, type) and issubclass(api.OutOfBlocksError, RuntimeError)):
             c.fail("OutOfBlocksError should be a subclass of RuntimeError", ex, ("not a RuntimeError",))
@@ -221,4 +247,59 @@ def rejects_bad_input(ctx):
         c.raises(ValueError, cache.block_table, 1, what="block_table(1) after the refused allocate(1, [])", example=ex)
 
     ctx.case({"bad": 0}, body)
+    for bad in (2.5, "4", None):  # not an int at all
+        ctx.case({"bad": bad}, body)
     ctx.forall(st.fixed_dictionaries({"bad": st.integers(-5, 0)}), body, max_examples=3)
+
+
+# -- state and aliasing (support/protocol.py), compared with the reference, block ids relabelled -----------
+def _cache(api, ex):
+    cache = api.PrefixCache(ex["num_blocks"], ex["block_size"])
+    cache.allocate(0, ex["prompt"])
+    return cache
+
+
+def _state(cache, seqs) -> dict:
+    return {**{f"block_table({s})": cache.block_table(s) for s in seqs},
+            "num_free_blocks": cache.num_free_blocks, "num_cached_blocks": cache.num_cached_blocks}
+
+
+def _table_scribbled(api, ex):
+    cache = _cache(api, ex)
+    program = protocol.changed_by_caller(
+        lambda a, e: cache.block_table(0),
+        lambda a, e: {"allocate(1, the same prompt)": cache.allocate(1, ex["prompt"]), **_state(cache, (0, 1)),
+                      "free(0), free(1)": (cache.free(0), cache.free(1)), **_state(cache, ())},
+        after="allocate(1, the same prompt), free(0), free(1)")
+    return protocol.relabel(program(api, ex))
+
+
+def _table_kept(api, ex):
+    cache = _cache(api, ex)
+    program = protocol.kept(lambda a, e: cache.block_table(0),
+                            lambda a, e: [cache.append_token(0, 0) for _ in range(ex["block_size"])],
+                            held="block_table(0)", after=f"{ex['block_size']} append_token(0, 0) calls")
+    return protocol.relabel(program(api, ex))
+
+
+def _two_caches(api, ex):
+    def step(a, e, cache, i, n):
+        seq = n + 1
+        return {f"allocate({seq}, ...)": cache.allocate(seq, ex["prompt"][:len(ex["prompt"]) - n] + [i]),
+                **_state(cache, (seq,))}
+
+    program = protocol.interleaved(lambda a, e, i: _cache(a, {**ex, "prompt": ex["prompt"] + [i]}), step, steps=3)
+    names: dict = {}  # each cache hands out its own ids
+    return {key: protocol.relabel(value, names=names.setdefault(key.split(",")[0], {}))
+            for key, value in program(api, ex).items()}
+
+
+@CHECKS.add("block_table returns the caller's copy; two caches never share their books", uses="PrefixCache.block_table")
+def results_stay_the_callers(ctx):
+    def body(c, ex):
+        for what, program in (("block_table(0) overwritten by the caller, then a hit and free", _table_scribbled),
+                              ("block_table(0) kept while sequence 0 decodes a block", _table_kept),
+                              ("two caches driven in turn (allocate each)", _two_caches)):
+            c.differential(ex, program, what)
+
+    ctx.case({"num_blocks": 12, "block_size": 2, "prompt": [3, 1, 4, 1, 5, 9, 2]}, body)

@@ -106,6 +106,8 @@ class PagedKVCache:
 
     def write(self, layer, slots, k, v) -> None:
         layer = self._layer(layer)
+        if not isinstance(slots, torch.Tensor) or slots.ndim != 1 or slots.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"slots: expected a 1-D int32 or int64 tensor, got {getattr(slots, 'shape', slots)}")
         n = len(slots)
         want = (self.n_kv_heads, n, self.head_dim)
         for name, x in (("k", k), ("v", v)):

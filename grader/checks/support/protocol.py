@@ -14,7 +14,8 @@ reference keeps its results apart from its state, and so must the learner's.
   a class attribute used as state).
 
 What is held is copied by :func:`snapshot` (tensors cloned, containers rebuilt) and overwritten in place by
-:func:`scribble`, which reaches tensors, lists and dicts a few levels deep.
+:func:`scribble`, which reaches tensors, lists and dicts a few levels deep. Where a kata leaves ids free (block
+ids), :func:`relabel` makes a program's result id-free before it is compared.
 """
 from __future__ import annotations
 
@@ -104,3 +105,23 @@ def interleaved(make: Callable, step: Callable, steps: int, names=("A", "B")) ->
                 seen[f"instance {name}, step {n + 1}"] = snapshot(step(api, ex, instance, i, n))
         return seen
     return run
+
+
+def relabel(value, block_size: int = 1, names: dict | None = None):
+    """``value`` with free ids renamed A, B, … in order of first appearance (one ``names`` map throughout): the
+    ints of a list of ints are ids; each element of an integer tensor is a slot ``id * block_size + offset`` and
+    becomes (name, offset). Dicts, lists and tuples are walked; anything else is kept."""
+    names = {} if names is None else names
+
+    def name(block: int) -> str:
+        return names.setdefault(block, f"#{len(names)}")
+
+    if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype != torch.bool:
+        return [(name(s // block_size), s % block_size) for s in value.reshape(-1).tolist()]
+    if isinstance(value, dict):
+        return {k: relabel(v, block_size, names) for k, v in value.items()}
+    if isinstance(value, list) and value and all(isinstance(b, int) and not isinstance(b, bool) for b in value):
+        return [name(b) for b in value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(relabel(v, block_size, names) for v in value)
+    return value
