@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import IDS, KATAS, MISTAKES, ROOT, built, first_of_each_kata_fast
-from grader import checks, grade, manifest, mistakes
+from grader import checks, grade, mistakes
 from grader.checks import conformance
 from grader.engine import Result
 
