@@ -98,8 +98,8 @@ def matches_brute_force_with_eos(ctx):
               "seed": 11}, body)
     ctx.case({"prompt_len": 11, "num_beams": 3, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 4,
               "seed": 96}, body)  # an EOS candidate ranks within the top num_beams while live beams remain
-    ctx.case({"prompt_len": 300, "num_beams": 4, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 16,
-              "large": True, "eos_token_id": 313, "seed": 1}, body)  # positions past 256, 16 query heads, 3-digit ids
+    ctx.case({"prompt_len": 260, "num_beams": 4, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 16,
+              "large": True, "eos_token_id": 247, "seed": 1}, body)  # positions past 256, 16 query heads, 3-digit ids
     ctx.forall(searches(max_new=14).filter(lambda e: e["max_new_tokens"] >= 3), body, max_examples=10)
 
 
