@@ -2,7 +2,7 @@
 
 The learner's ``beam_search`` drives kata 08's tiny float64 Llama (or a stand-in whose logits
 depend on the last token only) over a watched ``grader.paged.PagedKVCache``. The answer comes from
-a brute-force beam search from plain uncached forwards (``beam_oracle``), following the SPEC's rules
+a brute-force beam search from plain uncached forwards (``k11_oracle``), following the SPEC's rules
 (rank by summed log-probability, walk the top 2k, EOS candidates finish, the stopping rule).
 Where two candidates at a decision are closer than float32 log-probabilities can tell apart, both
 answers are accepted. The watched cache notes blocks in use and live sequences; the recording
