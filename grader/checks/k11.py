@@ -2,7 +2,7 @@
 
 The learner's ``beam_search`` drives kata 08's tiny float64 Llama (or a stand-in whose logits
 depend on the last token only) over a watched ``grader.paged.PagedKVCache``. The answer comes from
-a brute-force beam search from plain uncached forwards (``beam_oracle``), following the SPEC's rules
+a brute-force beam search from plain uncached forwards (``k11_oracle``), following the SPEC's rules
 (rank by summed log-probability, walk the top 2k, EOS candidates finish, the stopping rule).
 Where two candidates at a decision are closer than float32 log-probabilities can tell apart, both
 answers are accepted. The watched cache notes blocks in use and live sequences; the recording
@@ -10,94 +10,37 @@ model notes every forward (shape, positions), so the checks see how the answer w
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.k11_oracle import TIE, Probed, brute_force, cache_for, close, score_of, stand_in
+from grader.checks.k11_judge import decode_count, judge, same_programs
+from grader.checks.k11_inputs import PINNED_CASES, PROGRAMS, UNIFORM_CASES, bad_inputs, program
+from grader.checks.k11_oracle import Probed, brute_force, cache_for, stand_in
 from grader.checks.support import devices
-from grader.checks.support.common import SEEDS, expect_value_error
-from grader.checks.support.models import DEVICE_MODEL, TINY, tiny_model
+from grader.checks.support.common import SEEDS, expect_value_error, tiny_llama
+from grader.checks.support.models import DEVICE_MODEL, Recording, tiny_model
 from grader.nn import Llama, LlamaConfig
-from grader.engine import Checks, report
+from grader.engine import Checks
 
 CHECKS = Checks("11")
 
 LENGTH_PENALTIES = [1.0, 0.0, 2.0, 0.5, -0.5]
-
-
-# -- reading and judging the learner's result ---------------------------------------------------
-
-def _hypotheses(c, got, ex) -> list[tuple[list[int], float]]:
-    """The learner's result as [(tokens, score)], or a clear failure about its form."""
-    if not isinstance(got, (list, tuple)):
-        c.fail(f"beam_search should return a list of (new tokens, score) pairs; got {report.describe(got)}",
-               ex, ("returned", report.describe(got)))
-    out = []
-    for i, item in enumerate(got):
-        ok = isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], (list, tuple))
-        ok = ok and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in item[0])
-        ok = ok and isinstance(item[1], numbers.Real) and not isinstance(item[1], bool)
-        if not ok:
-            c.fail(f"item {i} of the result should be a pair (list of int token ids, float score); got "
-                   f"{item!r:.200} (call .tolist() and float() on tensors)", ex, ("item type", i, report.describe(item)))
-        out.append(([int(t) for t in item[0]], float(item[1])))
-    return out
-
-
-def _show(hyps) -> str:
-    return "[" + ", ".join(f"({tokens}, {score:.6f})" for tokens, score in hyps) + "]"
-
-
-def _observed(hyps):
-    return [(tokens, float(f"{score:.5g}")) for tokens, score in hyps]
-
-
-def _difference(hyps, want, exact: bool, tol: float) -> str | None:
-    """Why ``hyps`` is not ``want`` (equal scores within ``tol``: either order unless ``exact``), or None."""
-    if len(hyps) != len(want):
-        return f"{len(hyps)} hypotheses, expected {len(want)}"
-    i = 0
-    while i < len(want):
-        j = i + 1  # [i, j): a group of equal scores
-        while not exact and j < len(want) and close(want[j][1], want[i][1], tol):
-            j += 1
-        mine, theirs = [t for t, _ in hyps[i:j]], [t for t, _ in want[i:j]]
-        if (mine != theirs) if exact else (sorted(mine) != sorted(theirs)):
-            return f"hypothesis {i}: {hyps[i][0]}, expected {want[i][0]}"
-        for tokens, score in hyps[i:j]:
-            expected = next(s for t, s in want[i:j] if t == tokens)
-            if not close(score, expected, tol):
-                return f"hypothesis {tokens}: score {score:.8f}, expected {expected:.8f}"
-        i = j
-    return None
-
-
-def _judge(c, model, prompt, ex, got, expected: dict, *, exact=False, tol=TIE) -> None:
-    """The learner's hypotheses against the brute force: the same hypotheses in the same order
-    (equal scores: either order unless ``exact``), scores to 1e-6 relative."""
-    hyps, want = _hypotheses(c, got, ex), expected["result"]
-    shown, eos, lp = {**ex, "prompt": prompt}, ex.get("eos_token_id"), ex.get("length_penalty", 1.0)
-    for tokens, _ in hyps:
-        if eos is not None and eos in tokens[:-1]:
-            c.fail(f"hypothesis {tokens} goes on after the EOS {eos}; a candidate ending in EOS is finished and "
-                   f"never extended\n  got {_show(hyps)}", shown, _observed(hyps))
-    if expected["ambiguous"]:  # a decision too close to call: only each hypothesis's own score is checked
-        for tokens, score in hyps:
-            if tokens and not close(score, score_of(model, prompt, tokens, lp), tol):
-                c.fail(f"hypothesis {tokens} has score {score:.6f}; its tokens score "
-                       f"{score_of(model, prompt, tokens, lp):.6f}", shown, _observed(hyps))
-        return
-    problem = _difference(hyps, want, exact, tol)
-    if problem:
-        c.fail(f"{problem}\n  expected {_show(want)}\n  got      {_show(hyps)}", shown, _observed(hyps))
+# The large case's model: 16 query heads over 4 KV heads, a vocabulary of three-digit ids.
+LARGE = dict(vocab_size=320, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=16,
+             num_key_value_heads=4)
 
 
 # -- inputs -------------------------------------------------------------------------------------
-def _prompt(ex: dict) -> list[int]:
+def _model(ex: dict, device, recording: type = Recording):
+    """The tiny float64 Llama of ``ex``'s seed; the larger one (``LARGE``) when ``ex["large"]``."""
+    if ex.get("large"):
+        return tiny_llama(ex["seed"], device, cls=recording, **LARGE)
+    return tiny_model(ex["seed"], device, recording)
+
+
+def _prompt(ex: dict, model) -> list[int]:
     g = torch.Generator().manual_seed(ex["seed"] + 1)
-    return torch.randint(0, TINY["vocab_size"], (ex["prompt_len"],), generator=g).tolist()
+    return torch.randint(0, model.config.vocab_size, (ex["prompt_len"],), generator=g).tolist()
 
 
 @st.composite
@@ -117,21 +60,24 @@ def _eos_for(model, prompt, ex) -> int:
 
 
 def _search(c, model, prompt, ex, cache, eos=None):
+    """The learner's search of ``ex``; ``length_penalty`` left to its default (1.0) when ``ex["default_penalty"]``."""
+    penalty = {} if ex.get("default_penalty") else {"length_penalty": ex["length_penalty"]}
     return c.t.beam_search(model, prompt, ex["num_beams"], ex["max_new_tokens"], cache=cache, eos_token_id=eos,
-                           length_penalty=ex["length_penalty"])
+                           **penalty)
 
 
 # -- checks ---------------------------------------------------------------------------------------
 @CHECKS.add("without EOS: the hypotheses and scores of a brute-force beam search", uses="beam_search")
 def matches_brute_force_without_eos(ctx):
     def body(c, ex):
-        model, prompt = tiny_model(ex["seed"], c.device), _prompt(ex)
+        model = _model(ex, c.device)
+        prompt = _prompt(ex, model)
         got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False))
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"])
-        _judge(c, model, prompt, ex, got, want)
+        judge(c, model, prompt, ex, got, want)
 
-    ctx.case({"prompt_len": 7, "num_beams": 3, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 4,
-              "seed": 3}, body)
+    ctx.case({"prompt_len": 7, "num_beams": 3, "max_new_tokens": 6, "length_penalty": 1.0, "default_penalty": True,
+              "block_size": 4, "seed": 3}, body)  # length_penalty left out: 1.0
     ctx.case({"prompt_len": 3, "num_beams": 4, "max_new_tokens": 20, "length_penalty": 0.5, "block_size": 16,
               "seed": 8}, body)  # the longest search the SPEC's 1e-6 tolerance is sized for
     ctx.forall(searches(), body, max_examples=10)
@@ -141,16 +87,19 @@ def matches_brute_force_without_eos(ctx):
             uses="beam_search")
 def matches_brute_force_with_eos(ctx):
     def body(c, ex):
-        model, prompt = tiny_model(ex["seed"], c.device), _prompt(ex)
-        eos = _eos_for(model, prompt, ex)
+        model = _model(ex, c.device)
+        prompt = _prompt(ex, model)
+        eos = ex["eos_token_id"] if "eos_token_id" in ex else _eos_for(model, prompt, ex)
         got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False), eos)
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], eos, ex["length_penalty"])
-        _judge(c, model, prompt, {**ex, "eos_token_id": eos}, got, want)
+        judge(c, model, prompt, {**ex, "eos_token_id": eos}, got, want)
 
     ctx.case({"prompt_len": 5, "num_beams": 4, "max_new_tokens": 10, "length_penalty": 1.0, "block_size": 4,
               "seed": 11}, body)
     ctx.case({"prompt_len": 11, "num_beams": 3, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 4,
               "seed": 96}, body)  # an EOS candidate ranks within the top num_beams while live beams remain
+    ctx.case({"prompt_len": 260, "num_beams": 4, "max_new_tokens": 6, "length_penalty": 1.0, "block_size": 16,
+              "large": True, "eos_token_id": 247, "seed": 1}, body)  # positions past 256, 16 query heads, 3-digit ids
     ctx.forall(searches(max_new=14).filter(lambda e: e["max_new_tokens"] >= 3), body, max_examples=10)
 
 
@@ -162,22 +111,6 @@ def small_vocab(draw):
             "spread": draw(st.sampled_from([1.0, 3.0])), "seed": draw(SEEDS)}
 
 
-UNIFORM_CASES = [  # every candidate ties: the SPEC's order decides (lower beam, then lower token)
-    {"vocab": 6, "uniform": True, "prompt": [1, 2], "num_beams": 3, "max_new_tokens": 3, "eos_token_id": None,
-     "length_penalty": 1.0},
-    {"vocab": 4, "uniform": True, "prompt": [3], "num_beams": 2, "max_new_tokens": 3, "eos_token_id": 0,
-     "length_penalty": 0.0},
-    {"vocab": 3, "uniform": True, "prompt": [2], "num_beams": 4, "max_new_tokens": 1, "eos_token_id": None,
-     "length_penalty": 1.0},  # only 3 candidates exist: 3 hypotheses come back
-    {"vocab": 5, "uniform": True, "prompt": [0, 4], "num_beams": 2, "max_new_tokens": 2, "eos_token_id": 1,
-     "length_penalty": 1.0},  # two finished hypotheses tie with the live beams: they come first, in finishing order
-]
-PINNED_CASES = [  # an EOS candidate ranks within the top num_beams: the walk must go on to find live beams
-    {"vocab": 4, "prompt": [2], "num_beams": 3, "max_new_tokens": 4, "eos_token_id": 0, "length_penalty": 1.0,
-     "spread": 3.0, "seed": 620},
-]
-
-
 @CHECKS.add("a model whose logits depend on the last token: ties, EOS everywhere, few candidates", uses="beam_search")
 def small_vocabulary_and_ties(ctx):
     def body(c, ex):
@@ -186,7 +119,8 @@ def small_vocabulary_and_ties(ctx):
         got = _search(c, model, prompt, ex, cache, ex["eos_token_id"])
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], ex["eos_token_id"],
                            ex["length_penalty"], exact_ties=True)
-        _judge(c, model, prompt, ex, got, want, exact=bool(ex.get("uniform")))
+        judge(c, model, prompt, ex, got, want, exact=bool(ex.get("uniform")))
+        decode_count(c, model.calls - 1, want, ex)  # the stopping rule, exactly: ties stop too
 
     for case in UNIFORM_CASES + PINNED_CASES:
         ctx.case(case, body)
@@ -197,7 +131,8 @@ def small_vocabulary_and_ties(ctx):
             uses="beam_search")
 def prefill_once_then_batched_steps(ctx):
     def body(c, ex):
-        model, prompt = tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
+        model = _model(ex, c.device, Probed)
+        prompt = _prompt(ex, model)
         eos = _eos_for(model, prompt, ex) if ex["eos"] else None
         model.calls.clear()
         _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"]), eos)
@@ -228,6 +163,7 @@ def prefill_once_then_batched_steps(ctx):
             c.fail(f"{len(calls) - 1} decode forwards for max_new_tokens = {ex['max_new_tokens']}; the prefill's "
                    f"logits give the first new token, so at most {ex['max_new_tokens'] - 1} decode forwards are needed",
                    shown, ("decode count", len(calls) - 1))
+        decode_count(c, len(calls) - 1, want, shown)
 
     ctx.case({"prompt_len": 9, "num_beams": 3, "max_new_tokens": 5, "length_penalty": 1.0, "block_size": 4,
               "eos": False, "seed": 5}, body)
@@ -244,7 +180,8 @@ def _bound(P: int, b: int, k: int, longest: int) -> int:
             uses="beam_search")
 def blocks_shared_and_freed(ctx):
     def body(c, ex):
-        model, prompt = tiny_model(ex["seed"], c.device, Probed), _prompt(ex)
+        model = _model(ex, c.device, Probed)
+        prompt = _prompt(ex, model)
         eos = _eos_for(model, prompt, ex) if ex["eos"] else None
         model.calls.clear()
         cache = cache_for(model, num_blocks=512, block_size=ex["block_size"])
@@ -276,36 +213,62 @@ def blocks_shared_and_freed(ctx):
 @CHECKS.add("a float32 model with a float32 cache (scores are Python floats)", uses="beam_search")
 def works_in_float32(ctx):
     def body(c, ex):
-        model, prompt = tiny_model(ex["seed"], c.device).float(), _prompt(ex)
+        model = tiny_model(ex["seed"], c.device).float()
+        prompt = _prompt(ex, model)
         got = _search(c, model, prompt, ex, cache_for(model, block_size=ex["block_size"], watched=False))
         want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], None, ex["length_penalty"], tie=1e-4)
-        _judge(c, model, prompt, {**ex, "dtype": torch.float32}, got, want, tol=1e-4)
+        judge(c, model, prompt, {**ex, "dtype": torch.float32}, got, want, tol=1e-4)
 
     ctx.case({"prompt_len": 6, "num_beams": 2, "max_new_tokens": 5, "length_penalty": 1.0, "block_size": 4,
               "seed": 13}, body)
 
 
-@CHECKS.add("bad input raises ValueError naming the argument", uses="beam_search")
+@CHECKS.add("bad input raises ValueError naming the argument; the first and last valid values are accepted",
+            uses="beam_search")
 def rejects_bad_input(ctx):
     def body(c, ex):
         model = tiny_model(ex["seed"], c.device)
-        busy = cache_for(model, watched=False)
-        busy.add_sequence("someone else")
-        busy.reserve("someone else", 3)
-        cases = [
-            ("num_beams = 0", ([1, 2], 0, 3), {}, "num_beams"),
-            ("max_new_tokens = 0", ([1, 2], 2, 0), {}, "max_new_tokens"),
-            ("an empty prompt", ([], 2, 3), {}, "prompt"),
-            ("a cache with blocks in use", ([1, 2], 2, 3), {"cache": busy}, "cache"),
-            ("a float32 cache for a float64 model", ([1, 2], 2, 3),
-             {"cache": cache_for(model, dtype=torch.float32, watched=False)}, "cache"),
-        ]
-        for what, args, kwargs, name in cases:
+        V = model.config.vocab_size
+        for what, args, kwargs, name in bad_inputs(model, V):
             kwargs = {"cache": cache_for(model, watched=False), **kwargs}
             expect_value_error(c, c.t.beam_search, model, *args, what=f"beam_search with {what}", names=(name,),
                                example=ex, **kwargs)
+        single = tiny_model(ex["seed"], c.device).float()
+        expect_value_error(c, c.t.beam_search, single, [1, 2], 2, 3, cache=cache_for(single, dtype=torch.float64,
+                           watched=False), what="beam_search with a float64 cache for a float32 model",
+                           names=("cache",), example=ex)
+        edge = {"num_beams": 1, "max_new_tokens": 1, "eos_token_id": V - 1, "length_penalty": 1.0}
+        prompt = [0, V - 1]  # the first and last token ids, the last one EOS too
+        got = _search(c, model, prompt, edge, cache_for(model, watched=False), V - 1)
+        judge(c, model, prompt, edge, got, brute_force(model, prompt, 1, 1, V - 1, 1.0))
 
     ctx.case({"seed": 0}, body)
+
+
+@CHECKS.add("a bfloat16 or float16 model: log-probabilities in float32 or wider", uses="beam_search")
+def half_precision_models(ctx):
+    def body(c, ex):
+        model, prompt = stand_in(ex, c.device), ex["prompt"]
+        got = _search(c, model, prompt, ex, cache_for(model, block_size=2, watched=False), ex["eos_token_id"])
+        want = brute_force(model, prompt, ex["num_beams"], ex["max_new_tokens"], ex["eos_token_id"],
+                           ex["length_penalty"], exact_ties=True)  # in float64 from the half logits
+        judge(c, model, prompt, ex, got, want)
+
+    for dtype in (torch.bfloat16, torch.float16):
+        ctx.case({"vocab": 6, "prompt": [3, 1], "num_beams": 3, "max_new_tokens": 5, "eos_token_id": 0,
+                  "length_penalty": 1.0, "spread": 3.0, "seed": 17, "dtype": dtype}, body)
+
+
+@CHECKS.add("the result and the prompt are the caller's: a second search on the same cache is unchanged",
+            uses="beam_search")
+def results_are_the_callers(ctx):
+    def body(c, ex):
+        for what, kind in PROGRAMS.items():
+            run = program(kind, c.device)
+            same_programs(c, {**ex, "program": what}, c.expected(ex, run, what), run(c.t, ex))
+
+    ctx.case({"vocab": 6, "prompt": [2, 5], "num_beams": 3, "max_new_tokens": 4, "eos_token_id": 0,
+              "length_penalty": 1.0, "spread": 3.0, "seed": 21}, body)
 
 
 # -- the device -------------------------------------------------------------------------------

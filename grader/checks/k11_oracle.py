@@ -65,10 +65,14 @@ class Probed(Recording):
         return out
 
 
-def cache_for(model, num_blocks: int = 256, block_size: int = 4, dtype=None, watched: bool = True):
+def cache_for(model, num_blocks: int = 256, block_size: int = 4, dtype=None, watched: bool = True, **shape):
+    """A cache for ``model`` (its layers, KV heads, head width and dtype); ``shape`` may replace
+    ``n_layers``, ``n_kv_heads`` or ``head_dim`` to build one for another model."""
     config = model.config
     kind = WatchedCache if watched else PagedKVCache
-    cache = kind(num_blocks, block_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+    sizes = {"n_layers": config.num_hidden_layers, "n_kv_heads": config.num_key_value_heads,
+             "head_dim": config.head_dim, **shape}
+    cache = kind(num_blocks, block_size, sizes["n_layers"], sizes["n_kv_heads"], sizes["head_dim"],
                  dtype=dtype or model.dtype, device=model.device)
     if isinstance(model, Probed) and watched:
         model.watched = cache
@@ -76,14 +80,15 @@ def cache_for(model, num_blocks: int = 256, block_size: int = 4, dtype=None, wat
 
 
 def stand_in(ex: dict, device) -> FixedLogits:
-    """Logits from the last token only: a seeded table (V, V), or the same logits everywhere when uniform."""
+    """Logits from the last token only: a seeded table (V, V), or the same logits everywhere when uniform;
+    of ``ex["dtype"]`` (float64 unless set)."""
     V = ex["vocab"]
     if ex.get("uniform"):
         table = torch.zeros(V, V, dtype=torch.float64)
     else:
         g = torch.Generator().manual_seed(ex["seed"])
         table = torch.randn(V, V, generator=g, dtype=torch.float64) * ex.get("spread", 2.0)
-    return FixedLogits(table, device)
+    return FixedLogits(table, device, dtype=ex.get("dtype", torch.float64))
 
 
 # -- the answer: a brute-force beam search from uncached forwards ---------------------------------

@@ -109,8 +109,9 @@ def beam_search(model, prompt: list[int], num_beams: int, max_new_tokens: int, *
     live beams until num_beams are found. A score is the sum over ``len(new_tokens) ** length_penalty``.
     Stops early once num_beams hypotheses are finished and no live beam can beat them (README,
     task 3). Dropped beams are freed before the next decode step, every sequence before returning.
-    ValueError for ``num_beams`` or ``max_new_tokens`` < 1, an empty ``prompt``, a ``cache`` in use
-    or of another dtype.
+    ValueError (README, task 4) for ``num_beams`` or ``max_new_tokens`` not an int >= 1, a ``prompt``
+    empty or with an id outside 0 … vocab_size - 1, a ``cache`` in use or unlike the model (dtype,
+    layers, KV heads, head width).
     """
     _check_args(model, prompt, num_beams, max_new_tokens, cache)
     k, N, P, device = num_beams, max_new_tokens, len(prompt), model.device
