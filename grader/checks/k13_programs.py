@@ -319,9 +319,10 @@ RECOMPUTE_LONGER = {  # 1 is preempted after 2 tokens; its recompute prefill is 
     "num_blocks": 5, "block_size": 2, "max_num_seqs": 2, "max_num_batched_tokens": 8,
     "ops": [("add", 2, 5), ("step",), ("add", 4, 5), ("step",), ("step",), ("step",), ("step",), ("add", 1, 1),
             ("drain",)]}
-CANCEL_PREEMPTED = {  # as PREEMPT_NEWEST; then the caller finishes 1 while it waits: 2 is admitted, 1 never again
+CANCEL_PREEMPTED = {  # as PREEMPT_NEWEST; then the caller finishes 1 while it waits: it frees nothing (0 holds 3 of
+    # the 4 blocks), so 2 (2 blocks) waits until 0 is done; 1 is never scheduled again
     "num_blocks": 4, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 16,
-    "ops": [("add", 3, 4), ("add", 3, 4), ("step",), ("add", 1, 1), ("step",), ("step",), ("cancel", 0), ("step",),
+    "ops": [("add", 3, 4), ("add", 3, 4), ("step",), ("add", 3, 1), ("step",), ("step",), ("cancel", 0), ("step",),
             ("drain",)]}
 FILL_THE_POOL = {  # 0 needs 5 + 2 - 1 = 6 tokens: all 3 blocks of 2 and the whole budget; 1 (1 block) waits behind
     "num_blocks": 3, "block_size": 2, "max_num_seqs": 1, "max_num_batched_tokens": 6,
