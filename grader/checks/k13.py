@@ -15,16 +15,25 @@ from collections import Counter
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.support import devices
-from grader.checks.support.common import SEEDS, expect_value_error
+from grader.checks.support import devices, protocol
+from grader.checks.support.common import SEEDS, expect_value_error, tiny_llama
 from grader.checks.support.models import (DEVICE_MODEL, TIE, TINY, Recording, SpyCache, first_wrong, greedy_alone,
                                           tiny_model)
-from grader.checks.k13_programs import PINNED, Replay, Request, State, programs
-from grader.engine import Checks
+from grader.checks.k13_programs import PINNED, Replay, Request, State, large_program, programs
+from grader.checks.k13_protocol import scheduler_programs, serve_programs
+from grader.engine import Checks, Failure
 from grader.nn import Llama, LlamaConfig
 
 CHECKS = Checks("13")
 LIMITS = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens")
+LARGE = large_program(0)
+# Once past the drawn sizes: 16 query heads over 4 KV heads, blocks of 16. A prompt of 270 tokens runs
+# beside a short one until the short one's next block leaves none: the long one (the newest) is preempted
+# and recomputed as 273 tokens (positions past 256); then 16 short requests arrive and run together.
+LARGE_SERVE = {"requests": [(0, 14, 6, 0), (1, 270, 6, 0)] + [(i, 3 + i % 8, 2 + i % 5, 12) for i in range(2, 18)],
+               "num_blocks": 19, "block_size": 16, "max_num_seqs": 16, "max_num_batched_tokens": 280, "seed": 21,
+               "model": {"num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 32,
+                         "intermediate_size": 32, "max_position_embeddings": 512}}
 
 
 # -- the scheduler ----------------------------------------------------------------------------------
@@ -41,6 +50,8 @@ def matches_the_policy(ctx):
     ctx.forall(programs(), _replay("reference"), max_examples=50)
     ctx.forall(programs(blocks=(2, 4), max_ops=30), _replay("reference"), max_examples=30)
     ctx.forall(programs(blocks=(16, 40), max_ops=30), _replay("reference"), max_examples=30)  # the budget binds
+    ctx.forall(programs(blocks=(2, 8), max_ops=30, cancels=True), _replay("reference"), max_examples=15)
+    ctx.case(LARGE, _replay("reference"))
 
 
 @CHECKS.add("the policy's invariants hold on the scheduler's own decisions (blocks, limits, FCFS, victims)",
@@ -48,6 +59,7 @@ def matches_the_policy(ctx):
 def keeps_the_invariants(ctx):
     ctx.forall(programs(blocks=(2, 6), max_ops=30), _replay("invariants"), max_examples=40)
     ctx.forall(programs(blocks=(16, 40), max_ops=30), _replay("invariants"), max_examples=30)
+    ctx.case(LARGE, _replay("invariants"))
 
 
 @CHECKS.add("worked cases: a short request waits behind a long one; the newest is preempted and goes first again",
@@ -62,9 +74,16 @@ def _scheduler_cases(c, ex):
     cases = [
         ("Scheduler(4, 2, 3, 2): max_num_batched_tokens below max_num_seqs", S, (4, 2, 3, 2),
          ("max_num_batched_tokens",)),
+        ("Scheduler(4, 2, 9, 8): max_num_seqs above max_num_batched_tokens", S, (4, 2, 9, 8),
+         ("max_num_batched_tokens", "max_num_seqs")),
         ("Scheduler(0, 2, 1, 8)", S, (0, 2, 1, 8), ("num_blocks",)),
         ("Scheduler(4, 0, 1, 8)", S, (4, 0, 1, 8), ("block_size",)),
+        ("Scheduler(4, -2, 1, 8)", S, (4, -2, 1, 8), ("block_size",)),
         ("Scheduler(4, 2, 0, 8)", S, (4, 2, 0, 8), ("max_num_seqs",)),
+        ("Scheduler(2.5, 2, 1, 8), a float", S, (2.5, 2, 1, 8), ("num_blocks",)),
+        ("Scheduler(4, 1.5, 1, 8), a float", S, (4, 1.5, 1, 8), ("block_size",)),
+        ("Scheduler(4, 2, 1.5, 8), a float", S, (4, 2, 1.5, 8), ("max_num_seqs",)),
+        ("Scheduler(4, 2, 1, 8.5), a float", S, (4, 2, 1, 8.5), ("max_num_batched_tokens",)),
     ]
     sched = S(4, 2, 2, 6)
     sched.add_request("a", 3, 2)
@@ -72,7 +91,12 @@ def _scheduler_cases(c, ex):
         ("add_request('a', 2, 2) when 'a' is already there", sched.add_request, ("a", 2, 2), ("req_id",)),
         ("add_request('b', 2, 0)", sched.add_request, ("b", 2, 0), ("max_new_tokens",)),
         ("add_request('b', 0, 2)", sched.add_request, ("b", 0, 2), ("prompt_len",)),
+        ("add_request('b', -1, 2)", sched.add_request, ("b", -1, 2), ("prompt_len",)),
+        ("add_request('b', 2.5, 2), a float prompt_len", sched.add_request, ("b", 2.5, 2), ("prompt_len",)),
+        ("add_request('b', 2, 1.5), a float max_new_tokens", sched.add_request, ("b", 2, 1.5), ("max_new_tokens",)),
         ("add_request('b', 5, 3): 7 tokens exceed max_num_batched_tokens = 6", sched.add_request, ("b", 5, 3),
+         ("prompt_len", "max_new_tokens")),
+        ("add_request('b', 1, 7): 7 tokens exceed max_num_batched_tokens = 6", sched.add_request, ("b", 1, 7),
          ("prompt_len", "max_new_tokens")),
         ("finish('z') of a request never added", sched.finish, ("z",), ("req_id",)),
     ]
@@ -102,6 +126,13 @@ def scheduler_rejects_bad_input(ctx):
     ctx.case({"case": "bad arguments"}, body)
 
 
+@CHECKS.add("a Step is the caller's: held or overwritten, the next decisions do not change; two schedulers keep apart",
+            uses="Scheduler.schedule")
+def steps_are_the_callers(ctx):
+    for what, run in scheduler_programs():
+        ctx.case({"case": what}, lambda c, ex, run=run, what=what: c.differential(ex, run, what))
+
+
 # -- serve ----------------------------------------------------------------------------------------
 @st.composite
 def workloads(draw, max_requests=6, few_blocks=None):
@@ -119,13 +150,28 @@ def workloads(draw, max_requests=6, few_blocks=None):
 
 
 def _requests(ex) -> list[tuple]:
+    """The example's requests with their prompts: drawn from the seed, or written out as a list."""
     g = torch.Generator().manual_seed(ex["seed"] + 1)
-    return [(r, torch.randint(0, TINY["vocab_size"], (p,), generator=g).tolist(), m, a)
-            for r, p, m, a in ex["requests"]]
+    return [(r, list(p) if isinstance(p, list) else torch.randint(0, TINY["vocab_size"], (p,), generator=g).tolist(),
+             m, a) for r, p, m, a in ex["requests"]]
+
+
+def _raw_serve(c, ex, model, requests, eos=None):
+    """The learner's serve, its result as returned; it must leave ``requests`` as it was (SPEC)."""
+    before = protocol.snapshot(requests)
+    got = c.t.serve(model, requests, **{k: ex[k] for k in LIMITS}, eos_token_id=eos)
+    if requests != before:
+        c.fail(f"serve changed its requests argument: {before} became {requests}; the caller's inputs are left "
+               "unchanged (copy a prompt before extending it)", ex, ("changed requests",))
+    return got
 
 
 def _serve(c, ex, model, requests, eos=None):
-    got = c.t.serve(model, requests, **{k: ex[k] for k in LIMITS}, eos_token_id=eos)
+    return _tokens(c, ex, requests, _raw_serve(c, ex, model, requests, eos))
+
+
+def _tokens(c, ex, requests, got):
+    """serve's result, checked to be {req_id: list of int ids} for every request, as plain ints."""
     ids = [r for r, *_ in requests]
     if not isinstance(got, dict) or sorted(got, key=str) != sorted(ids, key=str):
         c.fail(f"serve should return a dict with one entry per request id {ids}; got "
@@ -159,9 +205,14 @@ def _verify(c, ex, model, requests, got, eos=None):
                    f"{', as it produced no EOS' if len(row) < n else ''})\n  all your tokens: {got}", shown, got)
 
 
+def _model(c, ex):
+    """The tiny float64 Llama, or one with the fields of ``ex["model"]`` replaced (16 heads, say)."""
+    return tiny_llama(ex["seed"], c.device, cls=Recording, **ex.get("model", {}))
+
+
 def _check_serve(c, ex, eos_from=None):
-    model, requests = tiny_model(ex["seed"], c.device), _requests(ex)
-    eos = None
+    model, requests = _model(c, ex), _requests(ex)
+    eos = ex.get("eos_token_id")
     if eos_from is not None:  # a token request 0 really produces, at its second step
         alone = greedy_alone(model, requests[0][1], 2)
         eos = alone[-1]
@@ -183,11 +234,17 @@ def serve_with_preemption(ctx):
               "max_num_seqs": 3, "max_num_batched_tokens": 16, "seed": 11}  # 6 blocks of 2: 1 and 2 are preempted
     ctx.case(pinned, lambda c, ex: _check_serve(c, ex))
     ctx.forall(workloads(few_blocks=True), lambda c, ex: _check_serve(c, ex), max_examples=15)
+    ctx.case(LARGE_SERVE, lambda c, ex: _check_serve(c, ex))
 
 
 @CHECKS.add("serve stops a request after its EOS (included); the others go on", uses="serve")
 def serve_stops_at_eos(ctx):
     ctx.forall(workloads(), lambda c, ex: _check_serve(c, ex, eos_from=0), max_examples=10)
+    # Token id 0 as the EOS (many vocabularies number their special tokens first): alone, request 1 makes 0
+    # first, at its prefill, and request 0 at its fourth token; 8 blocks of 2 are too few for all three.
+    ctx.case({"requests": [(0, 4, 6, 0), (1, 3, 6, 0), (2, 5, 6, 1)], "num_blocks": 8, "block_size": 2,
+              "max_num_seqs": 3, "max_num_batched_tokens": 12, "seed": 12, "eos_token_id": 0},
+             lambda c, ex: _check_serve(c, ex))
 
 
 def _expected_steps(ex) -> list[tuple]:
@@ -251,8 +308,15 @@ def one_forward_per_step(ctx):
                        ex, ("decode width", i, size))
             if call["cache"] is None:
                 c.fail(f"forward {i} ran without a cache", ex, ("no cache", i))
+            positions = call["positions"]
+            if positions is not None and positions.is_floating_point():
+                c.fail(f"forward {i} got position_ids of dtype {positions.dtype}: positions are integers, like the "
+                       "token ids (a model may look them up in a table)", ex, ("position dtype", str(positions.dtype)))
 
     ctx.forall(workloads(max_requests=5), body, max_examples=10)
+    # 0 makes its last token at step 2, the step 1 arrives; 1 needs all 3 blocks: it runs from step 3 on.
+    ctx.case({"requests": [(0, 3, 3, 0), (1, 5, 2, 2)], "num_blocks": 3, "block_size": 2, "max_num_seqs": 2,
+              "max_num_batched_tokens": 6, "seed": 6}, body)
 
 
 @CHECKS.add("max_new_tokens = 0 gives [] without scheduling; a lone request; arrivals after an idle gap",
@@ -269,6 +333,39 @@ def serve_edge_cases(ctx):
               "max_num_batched_tokens": 11, "seed": 4}, body)
     ctx.case({"requests": [(0, 2, 3, 0), (1, 3, 2, 40), (2, 2, 0, 41)], "num_blocks": 4, "block_size": 2,
               "max_num_seqs": 2, "max_num_batched_tokens": 6, "seed": 5}, body)
+    # The first and last valid values: ids 0 and V - 1, one new token, arrival 0, request ids 0, "b" and 10,
+    # and a request of 6 + 1 - 1 tokens that fills the 3 blocks of 2 and the budget of 6 exactly.
+    V = TINY["vocab_size"]
+    ctx.case({"requests": [(0, [0, V - 1, 0, V - 1, 0], 1, 0), ("b", 6, 1, 0), (10, [V - 1], 3, 0)], "num_blocks": 3,
+              "block_size": 2, "max_num_seqs": 1, "max_num_batched_tokens": 6, "seed": 7}, body)
+
+
+def _bad_requests() -> list[tuple]:
+    """(what, requests, names): requests ``serve`` must refuse before its first forward. The late ones arrive
+    after a good request has run: refused only if every request is checked before anything runs."""
+    V = TINY["vocab_size"]
+    return [
+        ("two requests with the same id", [(0, [1, 2], 2, 0), (0, [3], 2, 0)], ("requests", "req_id")),
+        ("max_new_tokens = -1", [(0, [1, 2], -1, 0)], ("max_new_tokens", "requests")),
+        ("max_new_tokens = 1.5", [(0, [1, 2], 1.5, 0)], ("max_new_tokens", "requests")),
+        ("a request of 7 + 3 tokens with max_num_batched_tokens = 8", [(0, [1] * 7, 3, 0)],
+         ("requests", "prompt_len", "max_new_tokens")),
+        ("an item of 3 fields", [(0, [1, 2], 2)], ("requests",)),
+        ("an item of 5 fields", [(0, [1, 2], 2, 0, 0)], ("requests",)),
+        ("an item that is an int", [(0, [1, 2], 2, 0), 7], ("requests",)),
+        ("an empty prompt", [(0, [1], 2, 0), (1, [], 2, 0)], ("requests", "prompt", "prompt_len")),
+        (f"a token id {V}, outside a vocabulary of {V}", [(0, [1, V], 2, 0)], ("requests", "prompt")),
+        ("a token id -1", [(0, [-1, 2], 2, 0)], ("requests", "prompt")),
+        ("a token id 2.5", [(0, [1, 2.5], 2, 0)], ("requests", "prompt")),
+        ("arrival_step = -1", [(0, [1, 2], 2, -1)], ("requests", "arrival_step")),
+        ("arrival_step = 1.5", [(0, [1, 2], 2, 1.5)], ("requests", "arrival_step")),
+        ("a request of 7 + 3 tokens arriving at step 3", [(0, [1, 2], 2, 0), (1, [1] * 7, 3, 3)],
+         ("requests", "prompt_len", "max_new_tokens")),
+        ("request 0 again, arriving at step 4 (after the first 0 finished)", [(0, [1, 2], 2, 0), (0, [3], 2, 4)],
+         ("requests", "req_id")),
+        (f"a token id {V} in a request arriving at step 3", [(0, [1, 2], 2, 0), (1, [V], 2, 3)],
+         ("requests", "prompt")),
+    ]
 
 
 @CHECKS.add("serve rejects bad input with a ValueError naming the argument", uses="serve")
@@ -276,24 +373,42 @@ def serve_rejects_bad_input(ctx):
     def body(c, ex):
         model = tiny_model(1, c.device)
         ok = {"num_blocks": 8, "block_size": 2, "max_num_seqs": 2, "max_num_batched_tokens": 8}
-        cases = [
-            ("two requests with the same id", [(0, [1, 2], 2, 0), (0, [3], 2, 0)], ok, ("requests", "req_id")),
-            ("max_new_tokens = -1", [(0, [1, 2], -1, 0)], ok, ("max_new_tokens", "requests")),
-            ("a request of 7 + 3 tokens with max_num_batched_tokens = 8", [(0, [1] * 7, 3, 0)], ok,
-             ("requests", "prompt_len", "max_new_tokens")),
+        cases = [(what, requests, ok, names) for what, requests, names in _bad_requests()] + [
             ("max_num_batched_tokens = 1 below max_num_seqs = 2", [(0, [1], 1, 0)],
              {**ok, "max_num_batched_tokens": 1}, ("max_num_batched_tokens",)),
             ("num_blocks = 0", [(0, [1], 1, 0)], {**ok, "num_blocks": 0}, ("num_blocks",)),
+            ("num_blocks = 2.5", [(0, [1], 1, 0)], {**ok, "num_blocks": 2.5}, ("num_blocks",)),
             ("block_size = 0", [(0, [1], 1, 0)], {**ok, "block_size": 0}, ("block_size",)),
             ("max_num_seqs = 0", [(0, [1], 1, 0)], {**ok, "max_num_seqs": 0}, ("max_num_seqs",)),
+            ("max_num_seqs = 9 above max_num_batched_tokens = 8", [(0, [1], 1, 0)], {**ok, "max_num_seqs": 9},
+             ("max_num_batched_tokens", "max_num_seqs")),
         ]
         for what, requests, limits, names in cases:
             expect_value_error(c, c.t.serve, model, requests, what=f"serve with {what}", names=names, example=ex,
                                **limits)
-        if model.calls:
-            c.fail(f"serve called the model {len(model.calls)} time(s) before refusing bad input", ex, ("ran",))
+            if model.calls:
+                c.fail(f"serve with {what} called the model {len(model.calls)} time(s) before refusing it: check "
+                       "every request before the first forward", ex, ("ran", what))
 
     ctx.case({"case": "bad arguments"}, body)
+
+
+@CHECKS.add("serve's tokens are the caller's: overwritten or held, the next serve does not change, and the same "
+            "serve twice gives its tokens twice", uses="serve")
+def serve_results_are_the_callers(ctx):
+    def body(c, ex):
+        model, a = _model(c, ex), _requests(ex)
+        b = [(r, prompt[::-1], n, arrival) for r, prompt, n, arrival in a]  # other prompts: other tokens
+        for what, results in serve_programs(lambda: _raw_serve(c, ex, model, a), lambda: _raw_serve(c, ex, model, b)):
+            for label, got, whose in results:
+                requests = a if whose == "a" else b
+                try:
+                    _verify(c, ex, model, requests, _tokens(c, ex, requests, got))
+                except Failure as failure:
+                    raise Failure(f"{what}: {label}:\n  {failure}", failure.observed) from None
+
+    ctx.case({"requests": [(0, 5, 4, 0), (1, 3, 5, 0), (2, 4, 3, 1)], "num_blocks": 6, "block_size": 2,
+              "max_num_seqs": 3, "max_num_batched_tokens": 12, "seed": 8}, body)
 
 
 class _Watched(Recording):
@@ -322,14 +437,14 @@ class _Noting(SpyCache):
 @CHECKS.add("the cache keeps the model's dtype (a float32 model gets float32 keys and values)", uses="serve")
 def serve_keeps_the_model_dtype(ctx):
     def body(c, ex):
-        model = tiny_model(ex["seed"], c.device, recording=_Watched).to(ex["dtype"])
+        model = tiny_model(ex["seed"], c.device, recording=_Watched).to(ex["dtype"])  # half: on the CPU too
         _serve(c, ex, model, _requests(ex))
         seen = model.seen
         if seen != {(ex["dtype"], ex["dtype"])}:
             c.fail(f"the model is {ex['dtype']}; your cache returned keys and values of dtypes {sorted(map(str, seen))}",
                    ex, ("dtype", tuple(sorted(map(str, seen)))))
 
-    for dtype in (torch.float32, torch.float64):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         ctx.case({"requests": [(0, 5, 3, 0), (1, 2, 4, 1)], "num_blocks": 4, "block_size": 2, "max_num_seqs": 2,
                   "max_num_batched_tokens": 8, "dtype": dtype, "seed": 9}, body)
 

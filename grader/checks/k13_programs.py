@@ -10,6 +10,7 @@ by the policy's invariants alone, computed from the scheduler's own decisions (`
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -96,8 +97,9 @@ class State:
 
 # -- programs -----------------------------------------------------------------------------------
 @st.composite
-def programs(draw, max_ops=24, blocks=(2, 10)):
-    """Limits and ops: ("add", prompt_len, max_new_tokens), ("step",), ("finish", k), ("drain",) last."""
+def programs(draw, max_ops=24, blocks=(2, 10), cancels=False):
+    """Limits and ops: ("add", prompt_len, max_new_tokens), ("step",), ("finish", k), ("drain",) last;
+    with ``cancels``, ("cancel", k) too: the caller finishes the k-th waiting request."""
     bs = draw(st.integers(1, 4))
     num_blocks = draw(st.integers(*blocks))
     seqs = draw(st.integers(1, 4))
@@ -105,19 +107,40 @@ def programs(draw, max_ops=24, blocks=(2, 10)):
     longest = min(budget, num_blocks * bs)
     ops = []
     for _ in range(draw(st.integers(1, max_ops))):
-        kind = draw(st.sampled_from(["add", "add", "step", "step", "step", "finish"]))
+        kind = draw(st.sampled_from(["add", "add", "step", "step", "step", "finish"] + (["cancel"] if cancels else [])))
         if kind == "add":
             near = st.integers(max(1, longest - 2), longest)  # long requests make the limits bind
             total = draw(st.integers(1, longest) | near)  # prompt_len + max_new_tokens - 1
             prompt = draw(st.integers(1, total))
             ops.append(("add", prompt, total - prompt + 1))
-        elif kind == "finish":
-            ops.append(("finish", draw(st.integers(0, 3))))
+        elif kind in ("finish", "cancel"):
+            ops.append((kind, draw(st.integers(0, 3))))
         else:
             ops.append(("step",))
     ops.append(("drain",))
     return {"num_blocks": num_blocks, "block_size": bs, "max_num_seqs": seqs, "max_num_batched_tokens": budget,
             "ops": ops}
+
+
+def large_program(seed: int = 0, adds: int = 40) -> dict:
+    """One program past the drawn sizes: blocks of 16, prompts of a few hundred tokens (positions past 256),
+    twenty requests at a time and more, preemptions, requests cancelled while they wait; drawn once from
+    ``seed`` (0: 17 preemptions, 23 requests in one step), not shrunk."""
+    rng = random.Random(seed)
+    limits = {"num_blocks": 30, "block_size": 16, "max_num_seqs": 24, "max_num_batched_tokens": 400}
+    ops = []
+    for i in range(adds):
+        if i % 8 == 0:  # prompt_len + max_new_tokens - 1 tokens: a long prompt, a few new tokens
+            total = rng.randint(260, 400)
+            prompt = rng.randint(total - 8, total)
+        else:  # a short prompt, many new tokens: the decodes outgrow their blocks
+            total = rng.randint(16, 48)
+            prompt = rng.randint(1, 8)
+        ops.append(("add", prompt, total - prompt + 1))
+        ops += [("step",)] * rng.randint(0, 1)
+        if rng.random() < 0.15:
+            ops.append((rng.choice(["finish", "cancel"]), rng.randint(0, 31)))
+    return {**limits, "ops": ops + [("drain",)]}
 
 
 def _ids(xs) -> str:
@@ -142,6 +165,7 @@ class Replay:
         self.lines: list[str] = []
         self.history: list[tuple] = []  # every step's decisions, as the scheduler returned them
         self.steps = 0
+        self.last = None  # the last Step, as schedule() returned it
         self._next_id = 0
 
     # -- the failure: the calls so far, the state before the failing step, expected and yours ---------
@@ -182,6 +206,11 @@ class Replay:
             r = self.state.running[k % len(self.state.running)]
             self._finish(r, "")
 
+    def do_cancel(self, k):
+        if self.state.waiting:
+            r = self.state.waiting[k % len(self.state.waiting)]
+            self._finish(r, "   (a waiting request, cancelled)")
+
     def _finish(self, r, why):
         self.sched.finish(r)
         self.state.finish(r)
@@ -197,7 +226,8 @@ class Replay:
                   "some request starves", ([], [], []), ("starves", tuple(left)))
 
     def do_step(self):
-        got = self._got(self.sched.schedule())
+        self.last = self.sched.schedule()  # the Step as returned, for the checks that hold it
+        got = self._got(self.last)
         if self.judge == "reference":
             want = self.state.decide()
             if got != want:
@@ -289,7 +319,19 @@ RECOMPUTE_LONGER = {  # 1 is preempted after 2 tokens; its recompute prefill is 
     "num_blocks": 5, "block_size": 2, "max_num_seqs": 2, "max_num_batched_tokens": 8,
     "ops": [("add", 2, 5), ("step",), ("add", 4, 5), ("step",), ("step",), ("step",), ("step",), ("add", 1, 1),
             ("drain",)]}
-PINNED = [SHORT_BEHIND_LONG, PREEMPT_NEWEST, VICTIM_FIRST, BUDGET_COUNTS_DECODES, RECOMPUTE_LONGER]
+CANCEL_PREEMPTED = {  # as PREEMPT_NEWEST; then the caller finishes 1 while it waits: it frees nothing (0 holds 3 of
+    # the 4 blocks), so 2 (2 blocks) waits until 0 is done; 1 is never scheduled again
+    "num_blocks": 4, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 16,
+    "ops": [("add", 3, 4), ("add", 3, 4), ("step",), ("add", 3, 1), ("step",), ("step",), ("cancel", 0), ("step",),
+            ("drain",)]}
+FILL_THE_POOL = {  # 0 needs 5 + 2 - 1 = 6 tokens: all 3 blocks of 2 and the whole budget; 1 (1 block) waits behind
+    "num_blocks": 3, "block_size": 2, "max_num_seqs": 1, "max_num_batched_tokens": 6,
+    "ops": [("add", 5, 2), ("add", 1, 1), ("step",), ("step",), ("drain",)]}
+SMALLEST = {  # every limit at 1: one request of one token at a time
+    "num_blocks": 1, "block_size": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
+    "ops": [("add", 1, 1), ("add", 1, 1), ("step",), ("drain",)]}
+PINNED = [SHORT_BEHIND_LONG, PREEMPT_NEWEST, VICTIM_FIRST, BUDGET_COUNTS_DECODES, RECOMPUTE_LONGER, CANCEL_PREEMPTED,
+          FILL_THE_POOL, SMALLEST]
 
 
 def fingerprint(ctx) -> tuple:

@@ -52,7 +52,8 @@ class Scheduler:
         raise NotImplementedError("kata 13: Scheduler.add_request — see README, task 1")
 
     def finish(self, req_id) -> None:
-        """The caller's word that ``req_id`` produced its last token: free its blocks. Unknown id: ValueError."""
+        """The caller's word that ``req_id`` produced its last token, or is dropped: free its blocks (a waiting
+        request holds none: it leaves the queue). Unknown id: ValueError."""
         raise NotImplementedError("kata 13: Scheduler.finish — see README, task 1")
 
     def _preempt(self, step: Step):
@@ -99,7 +100,8 @@ class _StepCache:
 
 
 def _check_requests(model, requests, limits: tuple) -> None:
-    """Every request well formed and able to finish, before anything runs: ValueError naming
+    """Every request well formed (a 4-tuple; a non-empty prompt of ids 0 … V - 1; max_new_tokens and
+    arrival_step ints >= 0; no duplicate id) and able to finish, before anything runs: ValueError naming
     ``requests`` or the field, and the limits as the ``Scheduler`` refuses them."""
     raise NotImplementedError("kata 13: _check_requests — see README, task 2")
 

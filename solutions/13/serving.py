@@ -83,7 +83,8 @@ class Scheduler:
         self.waiting.append(req_id)
 
     def finish(self, req_id) -> None:
-        """The caller's word that ``req_id`` produced its last token: free its blocks. Unknown id: ValueError."""
+        """The caller's word that ``req_id`` produced its last token, or is dropped: free its blocks (a waiting
+        request holds none: it leaves the queue). Unknown id: ValueError."""
         if req_id not in self.requests:
             raise ValueError(f"req_id: no request {req_id!r} in the scheduler (never added, or finished already)")
         request = self.requests.pop(req_id)
@@ -190,7 +191,8 @@ class _StepCache:
 
 
 def _check_requests(model, requests, limits: tuple) -> None:
-    """Every request well formed and able to finish, before anything runs: ValueError naming
+    """Every request well formed (a 4-tuple; a non-empty prompt of ids 0 … V - 1; max_new_tokens and
+    arrival_step ints >= 0; no duplicate id) and able to finish, before anything runs: ValueError naming
     ``requests`` or the field, and the limits as the ``Scheduler`` refuses them."""
     probe = Scheduler(*limits)  # the scheduler's own checks: duplicate ids, requests that could never finish
     for i, item in enumerate(requests):

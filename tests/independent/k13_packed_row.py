@@ -142,16 +142,29 @@ def _step_forward(model, cache, rows) -> dict:
     return {r: int(t) for (r, _, _), t in zip(rows, picked)}
 
 
-def _validate(requests, limits: dict) -> list:
+def _count(what: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"requests: {what} must be an int >= 0, got {value!r}")
+    return value
+
+
+def _validate(requests, limits: dict, vocab: int) -> list:
     probe = Scheduler(limits["num_blocks"], limits["block_size"], limits["max_num_seqs"],
                       limits["max_num_batched_tokens"])
     seen = set()
-    for r, prompt, n, arrival in requests:
+    for item in requests:
+        if not isinstance(item, (list, tuple)) or len(item) != 4:
+            raise ValueError(f"requests: each item is (req_id, prompt, max_new_tokens, arrival_step), got {item!r}")
+        r, prompt, n, arrival = item
         if r in seen:
             raise ValueError(f"requests: request id {r!r} appears twice")
         seen.add(r)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"requests: max_new_tokens of request {r!r} must be an int >= 0, got {n!r}")
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if not prompt or bad:
+            raise ValueError(f"requests: the prompt of {r!r} must be a non-empty list of ids below {vocab}, "
+                             f"got {list(prompt)!r}")
+        _count(f"max_new_tokens of request {r!r}", n)
+        _count(f"arrival_step of request {r!r}", arrival)
         if n > 0:
             probe.add_request(r, len(prompt), n)
     return sorted((x for x in requests if x[2] > 0), key=lambda x: x[3])  # stable: list order within a step
@@ -161,7 +174,7 @@ def _validate(requests, limits: dict) -> list:
 def serve(model, requests, *, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, eos_token_id=None):
     limits = {"num_blocks": num_blocks, "block_size": block_size, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens}
-    pending = deque(_validate(requests, limits))
+    pending = deque(_validate(requests, limits, model.config.vocab_size))
     out = {r: [] for r, *_ in requests}
     prompts = {r: list(prompt) for r, prompt, *_ in requests}
     wanted = {r: n for r, _, n, _ in requests}
