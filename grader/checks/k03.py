@@ -69,7 +69,7 @@ def repeat_kv_result_is_the_callers(ctx):
         c.differential(ex, protocol.changed_by_caller(same, same, f"{call} again"),
                        f"{call}, the result overwritten by the caller, then {call} again")
         c.differential(ex, protocol.kept(same, lambda api, e: c.call(api.repeat_kv, other, e["n_rep"]),
-                                         f"the result of {call}", f"repeat_kv of another x"),
+                                         f"the result of {call}", "repeat_kv of another x"),
                        f"{call}'s result held while the next call runs")
 
     # n_rep 2: a repeat of n_rep 1 may be x itself (nothing to copy), which the caller then owns already.
