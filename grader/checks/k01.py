@@ -5,7 +5,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices, envelope
+from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import (DTYPES, SEEDS, bad_caches, chunks, count_rows, expect_bad_caches_refused,
                                           expect_no_bias, expect_pair, expect_value_error, held_tensors, interleaved,
                                           load_linears, named, randn, value_error_names)
@@ -200,6 +200,7 @@ def attention_rejects_bad_input(ctx):
         layer, x = _layer(c.t, ex, c.device), _tokens(ex, c.device)
         c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
+        c.raises(ValueError, layer, x[..., :1], what="forward with x narrower than d_model", example=ex)
         expect_value_error(c, layer, x[None], what="forward with x carrying an extra axis", names=("x",), example=ex)
         expect_no_bias(c, layer, ex)
 
@@ -233,7 +234,7 @@ def dynamic_cache_rejects_bad_input(ctx):
         cache = c.t.DynamicKVCache()
         k, v = _kv(ex, 0, 2, c.device)
         c.call(cache.update, 0, k, v)
-        for what, layer in (("layer=-1", -1), ("layer=0.5", 0.5)):
+        for what, layer in (("layer=-1", -1), ("layer=0.5", 0.5), ("layer='0'", "0")):
             expect_value_error(c, cache.update, layer, k, v, what=f"update({what}, k_new, v_new)", names=("layer",),
                                example=ex)
         other = torch.float32 if ex["dtype"] == torch.float64 else torch.float64
@@ -348,3 +349,41 @@ def _device_scenario(s):
 @CHECKS.add("every function keeps the inputs' device (no tensor made on the CPU by accident)", uses="append_kv")
 def keeps_the_device(ctx):
     ctx.case({"batch": 1, "heads": 2, "head_dim": 4}, lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))
+
+
+def _own_cache(api, ex, i):
+    return api.DynamicKVCache()
+
+
+def _update_in_turn(ctx):
+    def step(api, ex, cache, i, n):
+        layer = n % ex["layers"]
+        k, v = _kv(ex, 100 * i + n, ex["chunks"][n // ex["layers"]], ctx.device)
+        return {"update result": named(ctx.call(cache.update, layer, k, v)), "seq_len": cache.seq_len(layer),
+                "len": len(cache)}
+    return step
+
+
+def _update_other(ctx, ex, cache, seed):
+    k, v = _kv(ex, seed, 2, ctx.device)
+    return named(ctx.call(cache.update, 0, k, v))
+
+
+@CHECKS.add("two DynamicKVCache instances share no storage: each holds its own tokens", uses="DynamicKVCache")
+def dynamic_caches_apart(ctx):
+    def body(c, ex):
+        steps = ex["layers"] * len(ex["chunks"])
+        c.differential(ex, protocol.interleaved(_own_cache, _update_in_turn(c), steps),
+                       "two caches A and B, updated in turn (layer 0, 1, ... of A, then of B)")
+        held = {}
+
+        def first(api, e):
+            held["A"], held["B"] = api.DynamicKVCache(), api.DynamicKVCache()
+            return _update_other(c, e, held["A"], 1)
+
+        c.differential(ex, protocol.kept(first, lambda api, e: _update_other(c, e, held["B"], 2),
+                                         "cache A's update(0) result", "cache B's update(0)"),
+                       "cache A's returned (K, V), held while another cache is updated")
+
+    ctx.case({"layers": 2, "batch": 1, "heads": 2, "head_dim": 4, "chunks": [3, 1, 1], "dtype": torch.float32,
+              "seed": 4}, body)

@@ -5,7 +5,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices, envelope
+from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import (DTYPES, SEEDS, chunks, chunks_and_whole, expect_bad_caches_refused,
                                           expect_no_bias, expect_pair, expect_value_error, expect_value_error_soon,
                                           hidden_states, load_linears, named, run_chunks, two_sequences)
@@ -156,6 +156,7 @@ def rope_rejects_bad_input(ctx):
         layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
+        c.raises(ValueError, layer, x[..., :1], what="forward with x narrower than d_model", example=ex)
         expect_value_error(c, layer, x[None], what="forward with x carrying an extra axis", names=("x",), example=ex)
         expect_no_bias(c, layer, ex)
         try:  # the smallest layer is valid: one head of width 2
@@ -214,6 +215,27 @@ def rope_rejects_bad_cache(ctx):
                                     names=("rope_base", "base"), example=ex)
 
     ctx.forall(rope_run().filter(lambda e: len(e["lengths"]) > 1), body, max_examples=2)
+
+
+def _offset_call(ctx, name, past, new):
+    return lambda api, ex: ctx.call(getattr(api, name), past, new, device=ctx.device)
+
+
+@CHECKS.add("position_ids and causal_mask return the caller's tensors: no later call changes them, and changing "
+            "them changes no later result", uses="causal_mask")
+def offsets_are_the_callers(ctx):
+    def body(c, ex):
+        for name in ("position_ids", "causal_mask"):
+            same = _offset_call(c, name, ex["past_len"], ex["new_len"])
+            other = _offset_call(c, name, ex["past_len"] + 1, ex["new_len"])
+            call = f"{name}({ex['past_len']}, {ex['new_len']})"
+            c.differential(ex, protocol.twice(same, call), f"{call} twice")
+            c.differential(ex, protocol.changed_by_caller(same, same, f"{call} again"),
+                           f"{call}, the result overwritten by the caller, then {call} again (a memoized result?)")
+            c.differential(ex, protocol.kept(same, other, f"the result of {call}", f"{name}({ex['past_len'] + 1}, "
+                                             f"{ex['new_len']})"), f"{call}'s result held while the next call runs")
+
+    ctx.case({"past_len": 3, "new_len": 4}, body)
 
 
 def _device_scenario(s):

@@ -5,7 +5,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices, envelope
+from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import (DTYPES, SEEDS, chunks, chunks_and_whole, count_rows,
                                           expect_bad_caches_refused, expect_pair, expect_value_error,
                                           expect_value_error_soon, hidden_states, load_linears, named, randn,
@@ -48,6 +48,33 @@ def repeat_kv_interleaves(ctx):
         ex, lambda api, e: {f"repeat_kv(x, {e['n_rep']})": c.call(api.repeat_kv, _kv(e, c.device), e["n_rep"])},
         "repeat_kv(x, n_rep) with x of shape (batch, n_kv_heads, seq, head_dim)"), max_examples=20)
 
+    def wide(c, ex):  # a repeat is a copy: exact in every dtype, for views too
+        x = envelope.tensor(ex, ex["seed"], ex["batch"], ex["n_kv_heads"], ex["seq"], ex["head_dim"], device=c.device)
+        c.differential(ex, lambda api, e: {f"repeat_kv(x, {e['n_rep']})": c.call(api.repeat_kv, x, e["n_rep"])},
+                       "repeat_kv(x, n_rep) beyond the drawn inputs")
+    envelope.run(ctx, REPEAT, ("large", "half", "strided"), wide, large={"n_kv_heads": 4, "n_rep": 4, "seq": 257})
+
+
+REPEAT = {"batch": 2, "n_kv_heads": 2, "n_rep": 3, "seq": 5, "head_dim": 4, "dtype": torch.float32, "seed": 8}
+
+
+@CHECKS.add("repeat_kv returns the caller's tensor: no later call changes it, and changing it changes no later "
+            "repeat", uses="repeat_kv")
+def repeat_kv_result_is_the_callers(ctx):
+    def body(c, ex):
+        x, other = _kv(ex, c.device), _kv({**ex, "seed": ex["seed"] + 1}, c.device)
+        same = lambda api, e: c.call(api.repeat_kv, x, e["n_rep"])  # noqa: E731
+        call = f"repeat_kv(x, {ex['n_rep']})"
+        c.differential(ex, protocol.twice(same, call), f"{call} twice")
+        c.differential(ex, protocol.changed_by_caller(same, same, f"{call} again"),
+                       f"{call}, the result overwritten by the caller, then {call} again")
+        c.differential(ex, protocol.kept(same, lambda api, e: c.call(api.repeat_kv, other, e["n_rep"]),
+                                         f"the result of {call}", "repeat_kv of another x"),
+                       f"{call}'s result held while the next call runs")
+
+    # n_rep 2: a repeat of n_rep 1 may be x itself (nothing to copy), which the caller then owns already.
+    ctx.case({"batch": 1, "n_kv_heads": 2, "n_rep": 2, "seq": 3, "head_dim": 4, "dtype": torch.float32, "seed": 3}, body)
+
 
 @CHECKS.add("repeat_kv rejects bad input with a ValueError naming the argument", uses="repeat_kv")
 def repeat_kv_rejects_bad_input(ctx):
@@ -55,7 +82,8 @@ def repeat_kv_rejects_bad_input(ctx):
         x = _kv(ex, c.device)
         for what, args, arg in (("x without a batch axis", (x[0], 2), "x"), ("n_rep = 0", (x, 0), "n_rep"),
                                 ("n_rep = -1", (x, -1), "n_rep"), ("n_rep = 1.5", (x, 1.5), "n_rep"),
-                                ("a 5-D x", (x[:, :, None], 2), "x")):
+                                ("a 5-D x", (x[:, :, None], 2), "x"), ("x as nested lists", (x.tolist(), 2), "x"),
+                                ("n_rep = '2'", (x, "2"), "n_rep")):
             expect_value_error(c, c.t.repeat_kv, *args, what=f"repeat_kv with {what}", names=(arg,), example=ex)
 
     ctx.forall(kv_heads(), body, max_examples=2)
@@ -211,6 +239,7 @@ def gqa_rejects_bad_input(ctx):
         layer, x = _layer(c.t, ex, c.device), hidden_states(ex, c.device)
         c.raises(ValueError, layer, x[0], what="forward with x missing the batch axis", example=ex)
         c.raises(ValueError, layer, torch.cat([x, x], -1), what="forward with x wider than d_model", example=ex)
+        c.raises(ValueError, layer, x[..., :-1], what="forward with x narrower than d_model", example=ex)
         expect_value_error(c, layer, x[None], what="forward with x carrying an extra axis", names=("x",), example=ex)
         try:  # the smallest layer is valid: d_model 1, one head of width 2
             c.t.GQAttention(1, 1, 1, head_dim=2)

@@ -575,3 +575,23 @@ def every_argument_rejects_bad_values(ctx):
          ("text_config", "config")),
     ] + [(f"\"{field}\": {value!r}", _config_case({**LLAMA3_8B, field: value}, 1, 8).items(), (field,))
          for field, value in fields])
+
+
+@CHECKS.add("kv_cache_bytes_from_config leaves the caller's config as it was", uses="kv_cache_bytes_from_config")
+def from_config_leaves_config_unchanged(ctx):
+    # Configs whose defaults a careless reader writes back: no num_key_value_heads, a null head_dim, a nested
+    # text_config. The SPEC: every function leaves its inputs unchanged (the caller reads the config again).
+    def body(c, ex):
+        config = copy.deepcopy(ex["config"])
+        first = c.t.kv_cache_bytes_from_config(config, ex["batch"], ex["seq_len"])
+        if config != ex["config"]:
+            changed = sorted(k for k in {*config, *ex["config"]} if config.get(k, KeyError) != ex["config"].get(k, KeyError))
+            c.fail(f"kv_cache_bytes_from_config(config, {ex['batch']}, {ex['seq_len']}) changed the caller's config "
+                   f"(fields {changed}); read it, never write to it", ex, ("changed", tuple(changed)))
+        again = c.t.kv_cache_bytes_from_config(config, ex["batch"], ex["seq_len"])
+        problem = _int_problem(first, again)
+        if problem:
+            c.fail(f"kv_cache_bytes_from_config on the same config twice gave two answers\n  {problem}", ex, again)
+
+    for config in (LLAMA2_7B, MISTRAL_7B, LLAVA_7B):
+        ctx.case({"config": config, "batch": 2, "seq_len": 10}, body)

@@ -13,7 +13,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices, envelope
+from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import (DTYPES, SEEDS, attention, randn, value_error_names)
 from grader.engine import Checks, Failure
 
@@ -320,6 +320,7 @@ def _rejects(c, ex, what, names, fn, *args, **kwargs):
 def rejects_bad_input(ctx):
     def body(c, ex):
         n, kv, wide = ex["n_layers"], ("k_new", "v_new"), lambda t, dim: torch.cat([t, t], dim)
+        fewer = lambda t, dim: t.narrow(dim, 0, t.shape[dim] - 1)  # noqa: E731
         _rejects(c, ex, "StaticKVCache(...) with max_len=-1", ("max_len",), c.t.StaticKVCache,
                  n, ex["batch"], -1, ex["n_kv_heads"], ex["head_dim"], dtype=ex["dtype"], device=c.device)
         cache = _new_cache(c, ex)
@@ -332,6 +333,10 @@ def rejects_bad_input(ctx):
             ("update(0, k_new, v_new) with twice the batch", kv, cache.update, 0, wide(k, 0), wide(v, 0)),
             ("update(0, k_new, v_new) with twice the KV heads", kv, cache.update, 0, wide(k, 1), wide(v, 1)),
             ("update(0, k_new, v_new) with twice the head_dim", kv, cache.update, 0, wide(k, 3), wide(v, 3)),
+            ("update(0, k_new, v_new holding fewer tokens than k_new)", kv, cache.update, 0, k, v[:, :, :0]),
+            ("update(0, k_new, v_new) with one batch row fewer", kv, cache.update, 0, fewer(k, 0), fewer(v, 0)),
+            ("update(0, k_new, v_new) with one KV head fewer", kv, cache.update, 0, fewer(k, 1), fewer(v, 1)),
+            ("update(0, k_new, v_new) with a head_dim one smaller", kv, cache.update, 0, fewer(k, 3), fewer(v, 3)),
             (f"update(layer={n}, ...) on a cache of {n} layer(s)", ("layer",), cache.update, n, k, v),
             ("update(layer=-1, ...)", ("layer",), cache.update, -1, k, v),
             (f"seq_len({n}) on a cache of {n} layer(s)", ("layer",), cache.seq_len, n),
@@ -401,6 +406,56 @@ EDGES = [{"n_layers": 2, "batch": 2, "max_len": 3, "n_kv_heads": 2, "head_dim": 
 def full_and_empty_edges(ctx):
     for ex in EDGES:
         ctx.case(ex, lambda c, e: _run(c, e, ("contents", "identity", "mask", "attention")))
+
+
+SIZES = {"n_layers": 2, "batch": 1, "max_len": 6, "n_kv_heads": 2, "head_dim": 4, "dtype": torch.float32}
+TURNS = [(0, 2), (1, 3), (0, 1), (1, 1), (0, 2)]  # (layer, new tokens) of each instance's update, in turn
+
+
+def _static(api, ex, device):
+    return api.StaticKVCache(ex["n_layers"], ex["batch"], ex["max_len"], ex["n_kv_heads"], ex["head_dim"],
+                             dtype=ex["dtype"], device=device)
+
+
+def _filled(ctx, cache, layer, kv):
+    """update(layer, k, v), as the filled slots of what it returned, with the layer's seq_len."""
+    K, V = ctx.call(cache.update, layer, *kv)
+    p = cache.seq_len(layer)
+    return {"keys filled": K[:, :, :p], "values filled": V[:, :, :p], "seq_len": p}
+
+
+@CHECKS.add("two caches share no storage, and a returned mask is the caller's", uses="StaticKVCache")
+def caches_share_no_storage(ctx):
+    def body(c, ex):
+        def turn(api, e, cache, i, n):
+            layer, length = TURNS[n]
+            return _filled(c, cache, layer, _kv(e, 10 * n + i, length, c.device))
+        c.differential(ex, protocol.interleaved(lambda api, e, i: _static(api, e, c.device), turn, len(TURNS)), "caches A and B, updated in turn")
+        held = {}
+
+        def first(api, e):
+            held["A"], held["B"] = _static(api, e, c.device), _static(api, e, c.device)
+            return _filled(c, held["A"], 0, _kv(e, 1, 3, c.device))
+        c.differential(ex, protocol.kept(first, lambda api, e: _filled(c, held["B"], 0, _kv(e, 2, 4, c.device)),
+                                         "the filled slots cache A returned", "cache B's update(0)"),
+                       "cache A's returned buffers, held while another cache writes (two caches never share storage)")
+
+        def mask(api, e):
+            if "cache" not in held:
+                held["cache"] = _static(api, e, c.device)
+                c.call(held["cache"].update, 1, *_kv(e, 3, 4, c.device))
+            return c.call(held["cache"].attention_mask, 3, layer=1)
+
+        def fresh(program):
+            def run(api, e):
+                held.pop("cache", None)
+                return program(api, e)
+            return run
+        c.differential(ex, fresh(protocol.twice(mask, "attention_mask(3, layer=1)")), "attention_mask twice")
+        c.differential(ex, fresh(protocol.changed_by_caller(mask, mask, "attention_mask(3, layer=1) again")),
+                       "attention_mask(3, layer=1), the mask overwritten by the caller, then asked again")
+
+    ctx.case({**SIZES, "seed": 6}, body)
 
 
 def _device_scenario(s):

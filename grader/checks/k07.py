@@ -13,7 +13,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices, envelope
+from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import DTYPES, SEEDS, attention, chunks, expect_no_bias, load_linears, randn
 from grader.engine import Checks
 from grader.nn import apply_rope
@@ -77,7 +77,8 @@ def kept_positions_rejects_bad_input(ctx):
         cases = [("seq_len=-1", (-1, 2, 3), "seq_len"), ("n_sink=-1", (5, -1, 3), "n_sink"),
                  ("window=0", (5, 2, 0), "window"), ("window=-2", (5, 2, -2), "window"),
                  ("seq_len=2.5", (2.5, 2, 3), "seq_len"), ("n_sink=1.5", (5, 1.5, 3), "n_sink"),
-                 ("window=2.5", (5, 2, 2.5), "window")]
+                 ("window=2.5", (5, 2, 2.5), "window"), ("window='3'", (5, 2, "3"), "window"),
+                 ("seq_len='5'", ("5", 2, 3), "seq_len")]
         for what, args, name in cases:
             exc = c.raises(ValueError, c.t.kept_positions, *args, what=f"kept_positions with {what}", example=ex)
             _named_in(c, exc, name, f"kept_positions with {what}", ex)
@@ -239,7 +240,8 @@ def cache_rejects_bad_input(ctx):
         cache = c.t.SinkKVCache(ex["n_sink"], ex["window"])
         for what, args, name in (("k_new without a head axis", (K[:, 0], V), "k_new"),
                                  ("k_new and v_new with an extra axis", (K[..., None], V[..., None]), "k_new"),
-                                 ("v_new shaped unlike k_new", (K, V[:, :, :1]), "v_new")):
+                                 ("v_new shaped unlike k_new", (K, V[:, :, :1]), "v_new"),
+                                 ("v_new with more tokens than k_new", (K[:, :, :1], V), "v_new")):
             exc = c.raises(ValueError, cache.update, *args, what=f"update with {what}", example=ex)
             _named_in(c, exc, name, f"update with {what}", ex)
         for what, args, name in (("n_sink=1.5", (1.5, 3), "n_sink"), ("window=2.5", (1, 2.5), "window")):
@@ -250,7 +252,9 @@ def cache_rejects_bad_input(ctx):
         for what, args in (("k_new = None", (None, v)), ("v_new = None", (k, None)),
                            ("twice the batch of the token held", (torch.cat([k, k], 0), torch.cat([v, v], 0))),
                            ("twice the heads of the token held", (torch.cat([k, k], 1), torch.cat([v, v], 1))),
-                           ("twice the head_dim of the token held", (torch.cat([k, k], 3), torch.cat([v, v], 3)))):
+                           ("twice the head_dim of the token held", (torch.cat([k, k], 3), torch.cat([v, v], 3))),
+                           ("one head fewer than the token held", (k[:, :1], v[:, :1])),
+                           ("half the head_dim of the token held", (k[..., :2], v[..., :2]))):
             exc = c.raises(ValueError, cache.update, *args, what=f"update with {what}", example=ex)
             if not _names(exc, "k_new", "v_new"):
                 c.fail(f"update with {what} raised ValueError({str(exc)!r}); the message should name k_new or "
@@ -359,7 +363,7 @@ def attention_rejects_bad_input(ctx):
         x = randn(ex["seed"], 1, 2, ex["d_model"], dtype=ex["dtype"], device=c.device)
         expect_no_bias(c, layer, ex)
         for what, arg in (("x missing the batch axis", x[0]), ("x wider than d_model", torch.cat([x, x], -1)),
-                          ("x carrying an extra axis", x[None])):
+                          ("x narrower than d_model", x[..., :ex["d_model"] // 2]), ("x carrying an extra axis", x[None])):
             cache = c.t.SinkKVCache(ex["n_sink"], ex["window"])
             exc = c.raises(ValueError, layer, arg, cache, what=f"forward with {what}", example=ex)
             _named_in(c, exc, "x", f"forward with {what}", ex)
@@ -436,6 +440,44 @@ def layer_keeps_no_state(ctx):
     ctx.case(TWO_STREAMS, body)
     ctx.case({**TWO_STREAMS, "n_sink": 0, "window": 2, "turns": [(1, 2), (0, 1), (1, 1), (0, 1), (1, 1), (0, 1)],
               "seed": 14}, body)
+
+
+@CHECKS.add("kept_positions returns the caller's list: changing it changes no later answer", uses="kept_positions")
+def kept_positions_list_is_the_callers(ctx):
+    def body(c, ex):
+        call = f"kept_positions({ex['seq_len']}, {ex['n_sink']}, {ex['window']})"
+        same = lambda api, e: _kept(c, api, e)  # noqa: E731
+        c.differential(ex, protocol.twice(same, call), f"{call} twice")
+        c.differential(ex, protocol.changed_by_caller(same, same, f"{call} again"),
+                       f"{call}, the list overwritten by the caller, then {call} again (a memoized list?)")
+
+    ctx.case({"seq_len": 10, "n_sink": 2, "window": 4, "seed": 0}, body)
+
+
+def _cache_turn(c):
+    def turn(api, ex, cache, i, n):
+        k, v = (envelope.tensor(ex, ex["seed"] + 10 * n + 2 * i + j, ex["batch"], ex["heads"], ex["chunks"][n],
+                                ex["head_dim"], device=c.device) for j in (0, 1))
+        return {"(keys, values)": c.call(cache.update, k, v), "len(cache)": len(cache), "tokens_seen": cache.tokens_seen}
+    return turn
+
+
+@CHECKS.add("two SinkKVCache instances share no storage: each keeps its own tokens", uses="SinkKVCache")
+def caches_share_no_storage(ctx):
+    def body(c, ex):
+        make = lambda api, e, i: api.SinkKVCache(e["n_sink"], e["window"], e["rope_base"])  # noqa: E731
+        c.differential(ex, protocol.interleaved(make, _cache_turn(c), len(ex["chunks"])),
+                       "caches A and B, updated in turn: a prefill, then one token at a time past capacity")
+        held, turn = {}, _cache_turn(c)
+
+        def first(api, e):
+            held["A"], held["B"] = make(api, e, 0), make(api, e, 1)
+            return turn(api, e, held["A"], 0, 0)
+        c.differential(ex, protocol.kept(first, lambda api, e: turn(api, e, held["B"], 1, 0),
+                                         "cache A's returned (keys, values)", "cache B's update"),
+                       "cache A's returned (keys, values), held while another cache is updated")
+
+    ctx.case({**PINNED_STREAM, "dtype": torch.float32}, body)
 
 
 def _device_scenario(s):

@@ -9,12 +9,13 @@ Two stand-in models with fixed logits test EOS bookkeeping and the sampling dist
 """
 from __future__ import annotations
 
+import copy
 import numbers
 
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.support import devices
+from grader.checks.support import devices, protocol
 from grader.checks.support.common import SEEDS, expect_value_error
 from grader.checks.support.models import DEVICE_MODEL, TIE, TINY, FixedLogits, first_wrong, greedy_alone, tiny_model
 from grader.engine import Checks, report
@@ -297,6 +298,7 @@ def rejects_bad_arguments(ctx):
                 (f"a token id {V}, outside a vocabulary of {V}", ([[1, V], [3]], 3), {}, ("prompts",)),
                 ("a negative token id", ([[4], [-1, 2]], 3), {}, ("prompts",)),
                 ("max_new_tokens = 1.5", ([[1, 2]], 1.5), {}, ("max_new_tokens",)),
+                ("max_new_tokens = '3'", ([[1, 2]], "3"), {}, ("max_new_tokens",)),
                 ("temperature = -1.0", ([[1, 2]], 3), {"temperature": -1.0}, ("temperature",)),
                 ("pad_token_id = -1 and prompts of unequal lengths", ([[1, 2], [3]], 3), {"pad_token_id": -1},
                  ("pad_token_id",)),
@@ -304,6 +306,11 @@ def rejects_bad_arguments(ctx):
                  {"pad_token_id": V}, ("pad_token_id",))):
             expect_value_error(c, c.t.generate, model, *args, what=f"generate with {what}", names=names, example=ex,
                                **kwargs)
+        what = f"generate with token ids 0 and {V - 1} (the first and last of the vocabulary) and pad_token_id = {V - 1}"
+        try:  # the boundaries themselves are valid
+            c.t.generate(model, [[0, V - 1], [3]], 2, pad_token_id=V - 1)
+        except ValueError as exc:
+            c.fail(f"{what} raised ValueError({str(exc)!r}); both ids are in the vocabulary", ex, ("rejected", what))
 
     ctx.case({"seed": 0}, body)
 
@@ -320,6 +327,33 @@ def no_state_between_calls(ctx):
 
     ctx.case({"first": [9, 3, 6], "first_new": 5, "eos": 11, "lengths": [2, 7], "max_new_tokens": 3,
               "pad_token_id": 0, "seed": 17}, body)
+
+
+def _successor_generate(c, prompts, N):
+    """generate on the successor model (no near-tie anywhere, so every correct loop gives the same tokens)."""
+    return lambda api, ex: c.call(api.generate, _successor_model(16, c.device), prompts, N)
+
+
+@CHECKS.add("generate leaves the caller's prompts as they were and returns lists that are the caller's",
+            uses="generate")
+def prompts_and_rows_are_the_callers(ctx):
+    def body(c, ex):
+        def unchanged(api, e):
+            prompts = copy.deepcopy(ex["prompts"])
+            rows = c.call(api.generate, _successor_model(16, c.device), prompts, ex["max_new_tokens"])
+            return {"new tokens": rows, "the caller's prompts after the call": prompts}
+        c.differential(ex, unchanged, "generate(model, prompts of unequal lengths, ...): a loop pads a copy, never "
+                                      "the caller's lists")
+        same = _successor_generate(c, copy.deepcopy(ex["prompts"]), ex["max_new_tokens"])
+        other = _successor_generate(c, [[5], [1, 2]], ex["max_new_tokens"])
+        c.differential(ex, protocol.twice(same, "generate"), "the same generate twice")
+        c.differential(ex, protocol.changed_by_caller(same, same, "generate again"),
+                       "generate, its lists overwritten by the caller, then the same generate again")
+        c.differential(ex, protocol.kept(same, other, "the lists generate returned", "another generate"),
+                       "the lists one generate returned, held while another generate runs")
+
+    ctx.case({"prompts": [[3, 12], [15, 9, 13], [7]], "max_new_tokens": 4, "model": "each token t is followed by t + 1"},
+             body)
 
 
 @CHECKS.add("sampling: the same generator seed gives the same tokens", uses="generate")

@@ -10,7 +10,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support import devices
+from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import DTYPES, SEEDS, expect_value_error, randn
 from grader.checks.k09_programs import D_CHOICES, EPS, Replay, formula_nbytes, grid_problem, programs, stream
 from grader.engine import Checks
@@ -33,6 +33,8 @@ def _x(ex, device):
     x.view(-1)[ex["seed"] % x.numel()] *= ex["outlier"]
     if ex["constant"]:  # every slice along dim holds one value
         x = x.narrow(ex["dim"], 0, 1).expand_as(x).clone()
+    if ex.get("strided"):  # the same values, stored with the first two axes swapped: a transposed view
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
     return x.to(device=device, dtype=ex["dtype"])
 
 
@@ -86,6 +88,13 @@ def quantize_round_trips(ctx):
 
     ctx.case({"x": [[0, 3, 1, 2]], "n_bits": 2, "dim": 1}, worked)
     ctx.forall(tensors(), _quantize_body, max_examples=30)
+    # Beyond the drawn inputs, once each: keys of 16 heads over 300 tokens per channel (dim 2), half types,
+    # a transposed view.
+    base = {"shape": [2, 3, 6], "dim": 1, "n_bits": 4, "dtype": torch.float32, "outlier": 30.0, "constant": False,
+            "seed": 4}
+    for wide in ({**base, "shape": [1, 16, 300, 8], "dim": 2, "n_bits": 2}, {**base, "dtype": torch.bfloat16},
+                 {**base, "dtype": torch.float16, "n_bits": 8}, {**base, "strided": True, "dim": 0}):
+        ctx.case(wide, _quantize_body)
 
 
 @CHECKS.add("quantize computes float64 codes in float64", uses="quantize")
@@ -152,6 +161,18 @@ def dequantize_formula(ctx):
                lambda c, ex: c.differential(ex, run, "codes (2, 3, 4) uint8, scale and zero of size 1 on dim"),
                max_examples=10)
 
+    def half(c, ex):  # scale and zero in a half type: the result in it, within its rounding of the float64 one
+        def run_half(api, e):
+            g = torch.Generator().manual_seed(e["seed"])
+            codes = torch.randint(0, 2 ** e["n_bits"], (2, 3, 4), generator=g).to(torch.uint8).to(c.device)
+            scale = envelope.tensor(e, e["seed"] + 1, 2, 1, 4, device=c.device).abs()
+            zero = envelope.tensor(e, e["seed"] + 2, 2, 1, 4, device=c.device)
+            return {"dequantize(codes, scale, zero)": c.call(api.dequantize, codes, scale, zero)}
+        envelope.differential(c, ex, run_half, "codes (2, 3, 4) uint8, scale and zero (2, 1, 4) in a half type")
+
+    for dtype in envelope.HALF:
+        ctx.case({"n_bits": 4, "dtype": dtype, "seed": 6}, half)
+
 
 def _named(c, ex, what, fn, args, names):
     expect_value_error(c, fn, *args, what=what, names=names, example=ex)
@@ -168,6 +189,14 @@ def quantize_rejects_bad_input(ctx):
                 ("quantize with dim=2 on a 2-axis x", c.t.quantize, (x, 4, 2), ("dim",)),
                 ("quantize with an integer x", c.t.quantize, (x.long(), 4, 1), ("x",)),
                 ("quantize with a 0-d x", c.t.quantize, (x[0, 0], 4, 0), ("x", "dim")),
+                ("quantize with n_bits=1", c.t.quantize, (x, 1, 1), ("n_bits",)),
+                ("quantize with n_bits='4'", c.t.quantize, (x, "4", 1), ("n_bits",)),
+                ("quantize with dim=-3 on a 2-axis x", c.t.quantize, (x, 4, -3), ("dim",)),
+                ("quantize with dim=1.5", c.t.quantize, (x, 4, 1.5), ("dim",)),
+                ("quantize with x as nested lists", c.t.quantize, (x.tolist(), 4, 1), ("x",)),
+                ("dequantize with codes as nested lists", c.t.dequantize, (codes.tolist(), scale, zero), ("codes",)),
+                ("dequantize with scale of 3 rows against codes of 2", c.t.dequantize,
+                 (codes, torch.ones(3, 1, dtype=x.dtype, device=c.device), zero), ("scale", "zero")),
                 ("dequantize with float codes", c.t.dequantize, (codes.to(x.dtype), scale, zero), ("codes",)),
                 ("dequantize with integer scale", c.t.dequantize, (codes, codes[:, :1], zero), ("scale",)),
                 ("dequantize with integer scale and zero of one dtype", c.t.dequantize,
@@ -221,7 +250,11 @@ def pack_rejects_bad_input(ctx):
                  ("pack of float codes", c.t.pack, (codes.float(), bits), ("codes",)),
                  ("unpack of int64 packed bytes", c.t.unpack, (codes.long(), bits), ("packed",)),
                  ("pack of 0-d codes", c.t.pack, (codes[0, 0], bits), ("codes",)),
-                 ("unpack of a 0-d packed byte", c.t.unpack, (codes[0, 0], bits), ("packed",))]
+                 ("unpack of a 0-d packed byte", c.t.unpack, (codes[0, 0], bits), ("packed",)),
+                 ("pack with n_bits=16", c.t.pack, (codes, 16), ("n_bits",)),
+                 ("unpack with n_bits=1", c.t.unpack, (codes, 1), ("n_bits",)),
+                 ("pack of codes as nested lists", c.t.pack, (codes.tolist(), bits), ("codes",)),
+                 ("unpack of packed bytes as nested lists", c.t.unpack, (codes.tolist(), bits), ("packed",))]
         if bits < 8:
             cases += [(f"pack with a code of {2 ** bits} at n_bits={bits}", c.t.pack, (too_big, bits), ("codes",)),
                       (f"pack of 7 codes per row at n_bits={bits}", c.t.pack, (codes[:, :7], bits), ("codes",))]
@@ -326,6 +359,7 @@ def cache_rejects_bad_input(ctx):
     def body(c, ex):
         api = c.t
         for what, args, names in (("n_bits=3", (3, 4), ("n_bits",)), ("n_bits=16", (16, 4), ("n_bits",)),
+                                  ("n_bits=1", (1, 4), ("n_bits",)),
                                   ("residual_len=0", (4, 0), ("residual_len",)),
                                   ("residual_len=-2", (4, -2), ("residual_len",))):
             _named(c, ex, f"QuantizedKVCache({what})", api.QuantizedKVCache, args, names)
@@ -335,6 +369,9 @@ def cache_rejects_bad_input(ctx):
         other = torch.float32 if ex["dtype"] == torch.float64 else torch.float64
         for what, args, names in (
                 ("update(-1, …)", (-1, k, v), ("layer",)),
+                ("update(0.5, …)", (0.5, k, v), ("layer",)),
+                ("update with k_new, v_new carrying an extra axis", (0, k[None], v[None]), ("k_new",)),
+                ("update with v_new of 1 head and k_new of 2", (0, k, v[:, :1]), ("v_new",)),
                 ("update with k_new missing the batch axis", (0, k[0], v[0]), ("k_new",)),
                 ("update with v_new of 2 tokens and k_new of 1", (0, k[:, :, :1], v[:, :, :2]), ("v_new",)),
                 ("update with v_new in another dtype than k_new", (0, k, v.to(other)), ("v_new",)),
@@ -348,6 +385,14 @@ def cache_rejects_bad_input(ctx):
             _named(c, ex, what, cache.update, args, names)
         _named(c, ex, "seq_len(-1)", cache.seq_len, (-1,), ("layer",))
         _named(c, ex, "nbytes(-1)", cache.nbytes, (-1,), ("layer",))
+        _named(c, ex, "seq_len('0')", cache.seq_len, ("0",), ("layer",))
+        _named(c, ex, "nbytes(1.5)", cache.nbytes, (1.5,), ("layer",))
+        try:  # the smallest group: R = 1 at 8 bits (one code per byte)
+            smallest = api.QuantizedKVCache(n_bits=8, residual_len=1)
+            c.call(smallest.update, 0, k[:, :, :2], v[:, :, :2])
+        except ValueError as exc:
+            c.fail(f"QuantizedKVCache(n_bits=8, residual_len=1), then an update of 2 tokens, raised "
+                   f"ValueError({str(exc)!r}); R = 1 is the smallest valid group", ex, ("rejected", "smallest"))
         K, V = c.call(cache.update, 0, k[:, :, 5:], v[:, :, 5:])
         if cache.seq_len(0) != 6 or cache.seq_len() != 6 or not torch.equal(V[:, :, 4:], v[:, :, 4:]):
             c.fail(f"after the refused updates and one of 1 token, seq_len(0) is {cache.seq_len(0)!r}, expected 5 + 1 "
@@ -376,6 +421,85 @@ def cache_defaults_and_copies(ctx):
              lambda c, ex: c.differential(ex, lambda api, e: _decode_through_one_buffer(api, c, e),
                                           "QuantizedKVCache(), then 40 one-token updates of layer 0, each from the "
                                           "same k_new and v_new buffers refilled by the caller"))
+
+
+# -- results are the caller's -----------------------------------------------------------------------
+def _own(c, ex, program, clean, what):
+    """``program`` on the learner's code gives what ``clean`` (the same calls, nothing overwritten) gives: the
+    codes' rounding is the learner's choice, so the comparison is with the learner's own clean run."""
+    expected, got = clean(c.t, ex), program(c.t, ex)
+    same_keys = expected.keys() == got.keys()
+    problem = report.compare(expected if same_keys else list(expected.values()), got if same_keys else list(got.values()))
+    if problem:
+        c.fail(f"{what}\n  {problem}", ex, got)
+
+
+def _held(c, ex, program, what):
+    """A ``protocol.kept`` program on the learner's code: what was held must read as it was returned."""
+    got = program(c.t, ex)
+    before, after = list(got)[:2]
+    problem = report.compare(got[before], got[after], after)
+    if problem:
+        c.fail(f"{what}\n  {problem}", ex, got)
+
+
+@CHECKS.add("quantize, dequantize, pack and unpack return the caller's tensors", uses="quantize")
+def results_are_the_callers(ctx):
+    def body(c, ex):
+        x = _x(ex, c.device)
+        calls = {"quantize(x, 4, 1)": lambda api, e: c.call(api.quantize, x, 4, 1)}
+        codes, scale, zero = c.call(c.ref.quantize, x, 4, 1)
+        calls["dequantize(codes, scale, zero)"] = lambda api, e: c.call(api.dequantize, codes, scale, zero)
+        calls["pack(codes, 4)"] = lambda api, e: c.call(api.pack, codes, 4)
+        packed = c.call(c.ref.pack, codes, 4)
+        calls["unpack(packed, 4)"] = lambda api, e: c.call(api.unpack, packed, 4)
+        for call, same in calls.items():
+            clean = lambda api, e, same=same: {"first": protocol.snapshot(same(api, e))}  # noqa: E731
+            _own(c, ex, protocol.twice(same, call), lambda api, e, same=same: {
+                "a": protocol.snapshot(same(api, e)), "b": protocol.snapshot(same(api, e))}, f"{call} twice")
+            _own(c, ex, protocol.changed_by_caller(same, same, f"{call} again"), clean,
+                 f"{call}, its result overwritten by the caller, then {call} again (a result kept inside?)")
+            other = lambda api, e: c.call(api.quantize, x.flip(1), 4, 1)  # noqa: E731
+            _held(c, ex, protocol.kept(same, other, f"the result of {call}", "quantize(x reversed, 4, 1)"),
+                  f"the result of {call}, held while another call runs")
+
+    ctx.case({"shape": [2, 8], "dim": 1, "n_bits": 4, "dtype": torch.float32, "outlier": 1.0, "constant": False,
+              "seed": 2}, body)
+
+
+def _updates(c):
+    def step(api, ex, cache, i, n):
+        k, v = stream(ex, 100 * i + n, ex["chunks"][n], c.device)
+        return {"(K, V)": c.call(cache.update, n % 2, k, v), "seq_len": cache.seq_len(n % 2), "nbytes()": cache.nbytes()}
+    return step
+
+
+@CHECKS.add("two QuantizedKVCache instances share no storage: each behaves as it would alone",
+            uses="QuantizedKVCache.update")
+def caches_share_no_storage(ctx):
+    def body(c, ex):
+        make = lambda api, e, i: api.QuantizedKVCache(n_bits=ex["n_bits"], residual_len=ex["residual_len"])  # noqa
+        step, n = _updates(c), len(ex["chunks"])
+        both = protocol.interleaved(make, step, n)
+        alone = [protocol.interleaved(lambda api, e, i, j=j: make(api, e, j),
+                                      lambda api, e, cache, i, m, j=j: step(api, e, cache, j, m), n, names=(name,))
+                 for j, name in enumerate("AB")]
+
+        def each_alone(api, e):
+            a, b = (run(api, e) for run in alone)
+            return {k: v for pair in zip(a.items(), b.items()) for k, v in pair}
+        _own(c, ex, both, each_alone,
+             "caches A and B updated in turn, against each updated alone (two caches never share storage)")
+        held = {}
+
+        def first(api, e):
+            held["A"], held["B"] = make(api, e, 0), make(api, e, 1)
+            return step(api, e, held["A"], 0, 0)
+        _held(c, ex, protocol.kept(first, lambda api, e: step(api, e, held["B"], 1, 1), "cache A's update result",
+                                   "cache B's update"), "cache A's returned (K, V), held while another cache is updated")
+
+    ctx.case({"n_bits": 4, "residual_len": 4, "batch": 1, "heads": 2, "head_dim": 8, "dtype": torch.float32,
+              "chunks": [3, 5, 1, 4, 2], "seed": 9}, body)
 
 
 # -- the device -------------------------------------------------------------------------------
