@@ -1,6 +1,7 @@
 """Programs for kata 12's cache checks: drawn sequences of updates (every layer, T new tokens) and
 crops, replayed on the learner's ``RollbackKVCache`` next to a plain list of chunks per layer,
-comparing every returned (K, V) bit for bit and every ``seq_len`` after every step.
+comparing every returned (K, V) bit for bit and every ``seq_len`` after every step. The keys and
+values are drawn by ``envelope.tensor``: an envelope case makes them half precision or transposed views.
 """
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
-from grader.checks.support.common import DTYPES, SEEDS, randn
+from grader.checks.support import envelope
+from grader.checks.support.common import DTYPES, SEEDS
 
 
 @st.composite
@@ -53,7 +55,7 @@ def replay(c, ex):
         for layer, chunks in enumerate(model):
             if op[0] == "update":
                 seed = ex["seed"] * 1000 + step * 10 + layer
-                k, v = (randn(seed + s, *shape[:2], op[1], shape[3], dtype=ex["dtype"], device=c.device)
+                k, v = (envelope.tensor(ex, seed + s, *shape[:2], op[1], shape[3], device=c.device)
                         for s in (0, 500_000))
                 chunks.append((k, v))
                 got = cache.update(layer, k.clone(), v.clone())
