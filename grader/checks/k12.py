@@ -173,7 +173,7 @@ def caches_hold_only_accepted_tokens(ctx):
     def body(c, ex):
         target, _, log, prompt, tokens, _ = run(c, ex)
         verify(c, target, prompt, tokens, ex)
-        problem = replay_calls(log, prompt + tokens)
+        problem = replay_calls(log, prompt + tokens, len(prompt))
         if problem:
             c.fail(problem[0], ex, problem[1])
 

@@ -152,15 +152,18 @@ def _positions(call) -> list[int]:
     return call["positions"][0].tolist() if call["positions"] is not None else list(range(T))
 
 
-def replay_calls(log: list[dict], final: list[int]):
+def replay_calls(log: list[dict], final: list[int], prompt_len: int):
     """The first forward of either model that breaks the rollback contract, as (message, observed); or None.
 
     ``final`` is the prompt followed by the generated tokens. A token the target has judged since
     it was fed (a target forward covered its position) must, if it is still in a cache when a
-    later forward runs, be the accepted token of that position.
+    later forward runs, be the accepted token of that position. And a cache keeps what is known
+    to be accepted: the accepted tokens (those of ``final`` before the length the target's rounds
+    have settled so far) its model computed at the start of its cache stay there.
     """
     record, held = {}, {}  # model -> {position: (token it was fed there, when), latest}; model -> its cache length
     judged, counts = {}, {}  # position -> when a target forward last covered it
+    known = prompt_len  # tokens known to be accepted so far: the prompt, then a + 1 more per target forward
     for time, call in enumerate(log):
         model = call["model"]
         n = counts[model.role] = counts.get(model.role, 0) + 1
@@ -181,7 +184,7 @@ def replay_calls(log: list[dict], final: list[int]):
             return (f"{where}: the cache held {before} tokens, so the {T} tokens fed should sit at positions "
                     f"{before} … {before + T - 1}; they were given {pos}. Positions come from how many tokens the "
                     "cache really holds after a rollback."), ("positions", model.role, n, before, pos[0])
-        kept = _accepted_prefix(seen, judged, final, held.get(model, 0))
+        kept = _accepted_prefix(seen, final, min(held.get(model, 0), known))
         if before < kept:
             return (f"{where}: its cache held {before} tokens, but the first {kept} it had computed are accepted "
                     f"tokens; the rollback cut {kept - before} accepted token(s) away, so they are fed and computed "
@@ -208,16 +211,29 @@ def replay_calls(log: list[dict], final: list[int]):
         held[model] = before + T
         if model.role == "target":
             judged.update((j, time) for j in pos)
+            known += _verdict(call, known)[1] + 1
     return None
 
 
-def _accepted_prefix(seen: dict, judged: dict, final: list[int], held: int) -> int:
-    """How many of the first ``held`` tokens a model computed are accepted: fed there, judged by a
-    target forward since, and equal to the final sequence."""
+def _accepted_prefix(seen: dict, final: list[int], limit: int) -> int:
+    """How many of the first ``limit`` tokens a model computed equal the final sequence."""
     n = 0
-    while n < min(held, len(final)) and judged.get(n, -1) >= seen[n][1] and seen[n][0] == final[n]:
+    while n < min(limit, len(final)) and seen[n][0] == final[n]:
         n += 1
     return n
+
+
+def _verdict(call: dict, known: int) -> tuple[int, int]:
+    """(m, a) of a target forward after ``known`` accepted tokens: the m proposals it fed beyond them
+    (the tokens past the accepted sequence) and the a of them that agree with its own rows."""
+    pos, ids, logits = _positions(call), call["ids"][0].tolist(), call["logits"][0]
+    m = max(pos[-1] + 1 - known, 0)
+    proposals = ids[len(ids) - m:] if m else []
+    choices = logits[-(m + 1):].argmax(-1).tolist() if logits.shape[0] >= m + 1 else []
+    a = 0
+    while a < min(m, len(choices)) and proposals[a] == choices[a]:
+        a += 1
+    return m, a
 
 
 def count_rounds(log: list[dict], prompt_len: int) -> dict:
@@ -228,13 +244,7 @@ def count_rounds(log: list[dict], prompt_len: int) -> dict:
             out["draft_forwards"] += 1
             continue
         out["target_forwards"] += 1
-        pos, ids, logits = _positions(call), call["ids"][0].tolist(), call["logits"][0]
-        m = max(pos[-1] + 1 - known, 0)  # tokens fed beyond the accepted sequence: the proposals
-        proposals = ids[len(ids) - m:] if m else []
-        choices = logits[-(m + 1):].argmax(-1).tolist() if logits.shape[0] >= m + 1 else []
-        a = 0
-        while a < min(m, len(choices)) and proposals[a] == choices[a]:
-            a += 1
+        m, a = _verdict(call, known)
         out["proposed"] += m
         out["accepted"] += a
         out["per_forward"].append(m)
