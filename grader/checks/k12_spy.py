@@ -152,6 +152,7 @@ def _positions(call) -> list[int]:
     return call["positions"][0].tolist() if call["positions"] is not None else list(range(T))
 
 
+@torch.no_grad()
 def replay_calls(log: list[dict], final: list[int], prompt_len: int):
     """The first forward of either model that breaks the rollback contract, as (message, observed); or None.
 
