@@ -15,10 +15,10 @@ import torch
 
 from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import expect_value_error, randn
-from grader.checks.support.models import DEVICE_MODEL, greedy_alone, successor_model
-from grader.checks.k12_programs import programs, replay
-from grader.checks.k12_runs import (HALF_TIE, LARGE_TARGET, SMALL_DRAFT, models, prompt_of, result, run, runs,
-                                    verify)
+from grader.checks.support.models import DEVICE_MODEL, greedy_alone
+from grader.checks.k12_programs import bad_calls, cache_step, new_cache, programs, replay
+from grader.checks.k12_runs import (HALF_TIE, LARGE_TARGET, SMALL_DRAFT, counting_to_eos, models, prompt_of,
+                                    protocol_call, result, run, runs, verify)
 from grader.checks.k12_spy import count_rounds, replay_calls, spy_model
 from grader.engine import Checks
 from grader.nn import Llama, LlamaConfig
@@ -54,33 +54,7 @@ def cache_rejects_bad_input(ctx):
         k = randn(ex["seed"], 1, 2, 3, 4, device=c.device)
         for layer in range(2):
             cache.update(layer, k, k.clone())
-        wide = randn(ex["seed"] + 1, 2, 3, 3, 8, device=c.device)  # more of everything than the layers hold
-        tries = [("update(-1, k, v)", lambda: cache.update(-1, k, k), ("layer",)),
-                 ("update('0', k, v): a layer that is not an int", lambda: cache.update("0", k, k), ("layer",)),
-                 ("update with k of 3 dimensions", lambda: cache.update(0, k[0], k), ("k",)),
-                 ("update with v of 3 dimensions", lambda: cache.update(0, k, k[0]), ("v",)),
-                 ("update of the new layer 2 with k and v both of 3 dimensions",
-                  lambda: cache.update(2, k[0], k[0]), ("k", "v")),
-                 ("update of the new layer 2 with k and v both of 5 dimensions",
-                  lambda: cache.update(2, k[None], k[None]), ("k", "v")),
-                 ("update with k a list, not a tensor", lambda: cache.update(2, k.tolist(), k), ("k",)),
-                 ("update with v None", lambda: cache.update(2, k, None), ("v",)),
-                 ("update with v shorter than k", lambda: cache.update(0, k, k[:, :, :2]), ("v", "k")),
-                 ("update with v longer than k", lambda: cache.update(0, k[:, :, :2], k), ("v", "k")),
-                 ("update with 1 KV head where the layer holds 2", lambda: cache.update(1, k[:, :1], k[:, :1]), ("k",)),
-                 ("update with 3 KV heads where the layer holds 2", lambda: cache.update(1, wide[:1, :, :, :4],
-                                                                                       wide[:1, :, :, :4]), ("k",)),
-                 ("update with head width 2 where the layer holds 4", lambda: cache.update(0, k[..., :2], k[..., :2]),
-                  ("k",)),
-                 ("update with head width 8 where the layer holds 4", lambda: cache.update(0, wide[:1, :2], wide[:1, :2]),
-                  ("k",)),
-                 ("update with batch 2 where the layer holds 1", lambda: cache.update(0, wide[:, :2, :, :4],
-                                                                                    wide[:, :2, :, :4]), ("k",)),
-                 ("seq_len(-1)", lambda: cache.seq_len(-1), ("layer",)),
-                 ("seq_len('0')", lambda: cache.seq_len("0"), ("layer",)),
-                 ("crop(-1)", lambda: cache.crop(-1), ("n",)),
-                 ("crop(4) on a cache of 3 tokens", lambda: cache.crop(4), ("n",)),
-                 ("crop(1.5)", lambda: cache.crop(1.5), ("n",))]
+        tries = bad_calls(cache, k, randn(ex["seed"] + 1, 2, 3, 3, 8, device=c.device))
         for what, call, names in tries:
             expect_value_error(c, call, what=what, names=names, example=ex)
             held = (cache.seq_len(0), cache.seq_len(1), cache.seq_len(2))
@@ -91,27 +65,11 @@ def cache_rejects_bad_input(ctx):
     ctx.case({"seed": 0}, body)
 
 
-def _two_caches(api, ex, i):
-    return api.RollbackKVCache()
-
-
-def _cache_step(api, ex, cache, i, n):
-    """Step n of cache i: an update of both layers (3 tokens, then 2, ...), with a crop before every other one."""
-    if n % 2:
-        cache.crop(1 + i)
-    got = []
-    for layer in range(2):
-        k, v = (randn(ex["seed"] + 100 * n + 10 * i + 2 * layer + s, 1, 2, 3 - n % 2, 4, device=ex["device"])
-                for s in (0, 1))
-        got.append(cache.update(layer, k, v))
-    return {"update(0, k, v)": got[0], "update(1, k, v)": got[1], "seq_len()": cache.seq_len()}
-
-
 @CHECKS.add("two RollbackKVCache instances driven in turn behave as each alone (two caches never share storage)",
             uses="RollbackKVCache")
 def caches_are_apart(ctx):
     def body(c, ex):
-        run_both = protocol.interleaved(_two_caches, _cache_step, steps=4)
+        run_both = protocol.interleaved(new_cache, cache_step, steps=4)
         c.differential(ex, lambda api, e: run_both(api, {**e, "device": c.device}),
                        "two caches A and B, each updated and cropped in turn")
 
@@ -247,22 +205,8 @@ def eos_stops_and_is_kept(ctx):
 
     ctx.case({"draft": "identical", "prompt_len": 3, "max_new_tokens": 14, "k": 4, "seed": 1}, body)
     ctx.forall(runs(drafts=("identical", "perturbed"), max_new=(4, 14)), body, max_examples=3)
-    ctx.case({"prompt": [13], "max_new_tokens": 8, "k": 4, "eos_token_id": 0}, _counting_to_eos)
-    ctx.case({"prompt": [6, 9], "max_new_tokens": 12, "k": 3, "eos_token_id": 15}, _counting_to_eos)
-
-
-def _counting_to_eos(c, ex):
-    """Target and draft both count (t -> t + 1 mod 16), so every proposal is accepted and the EOS comes
-    mid-round, inside the accepted prefix; the id 0, which many vocabularies give a special token, is an
-    EOS like any other."""
-    target, draft, eos, N = successor_model(16, c.device), successor_model(16, c.device), ex["eos_token_id"], \
-        ex["max_new_tokens"]
-    tokens, _ = result(c, c.t.speculative_generate(target, draft, list(ex["prompt"]), N, ex["k"], eos_token_id=eos), ex)
-    want = [(ex["prompt"][-1] + 1 + i) % 16 for i in range(min(N, (eos - ex["prompt"][-1] - 1) % 16 + 1))]
-    if tokens != want:
-        c.fail(f"a target that continues each token t with t + 1 (mod 16) gives {want} (stopping after the EOS "
-               f"{eos}, kept); yours gave {tokens}", {**ex, "models": "each token t is followed by t + 1"},
-               ("tokens", tokens))
+    ctx.case({"prompt": [13], "max_new_tokens": 8, "k": 4, "eos_token_id": 0}, counting_to_eos)
+    ctx.case({"prompt": [6, 9], "max_new_tokens": 12, "k": 3, "eos_token_id": 15}, counting_to_eos)
 
 
 @CHECKS.add("max_new_tokens 0 gives [], 1 gives the target's first token", uses="speculative_generate")
@@ -316,29 +260,18 @@ def rejects_bad_input(ctx):
     ctx.case({"seed": 0}, body)
 
 
-def _generate(pair, prompt_len: int, tokens_only: bool = True):
-    """A program for the protocol checks: speculative_generate on the models ``pair`` (built once: they
-    keep no state between calls) and the example's prompt of ``prompt_len`` tokens."""
-    def call(api, ex):
-        target, draft = pair
-        prompt = prompt_of({**ex, "prompt_len": prompt_len}, target.config.vocab_size)
-        got = api.speculative_generate(target, draft, prompt, ex["max_new_tokens"], ex["k"])
-        return got[0] if tokens_only else got
-    return call
-
-
 @CHECKS.add("the returned tokens are the caller's: kept while the next call runs, or overwritten, they change nothing",
             uses="speculative_generate")
 def results_are_the_callers(ctx):
     def body(c, ex):
         pair = models(ex, c.device)[:2]
         for what, program in (("the tokens of one call, held while a call on another prompt runs",
-                               protocol.kept(_generate(pair, 4), _generate(pair, 7), "the tokens of the first call",
+                               protocol.kept(protocol_call(pair, 4), protocol_call(pair, 7), "the tokens of the first call",
                                              "a second call")),
                               ("the caller overwrites the tokens (and stats) of one call, then makes the same call again",
-                               protocol.changed_by_caller(_generate(pair, 4, tokens_only=False), _generate(pair, 4),
+                               protocol.changed_by_caller(protocol_call(pair, 4, tokens_only=False), protocol_call(pair, 4),
                                                           "the same call")),
-                              ("the same call twice", protocol.twice(_generate(pair, 5)))):
+                              ("the same call twice", protocol.twice(protocol_call(pair, 5)))):
             c.differential(ex, program, what)
 
     ctx.case({"draft": "random", "max_new_tokens": 5, "k": 3, "seed": 17}, body)

@@ -6,7 +6,8 @@ An example names its draft (``identical``, ``perturbed``, ``random``, ``wrong``:
 choice, ``sometimes``: wrong at every third position) and may ask for more: ``target`` (config
 fields of a larger target), ``dtype`` (both models in a half type), ``near_tie`` (a target whose
 top two logits are always 1e-8 apart), ``prompt`` (the ids themselves), ``k_default`` (call
-without ``k``, so the SPEC's default 4 applies).
+without ``k``, so the SPEC's default 4 applies). Also here: the counting models' EOS run and the
+programs the protocol checks compare with the reference.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from grader.checks.k12_spy import WrongDraft, near_tie_model, perturbed, spy_model
 from grader.checks.support.common import SEEDS
-from grader.checks.support.models import TIE, first_wrong
+from grader.checks.support.models import TIE, first_wrong, successor_model
 from grader.engine import report
 
 TARGET = dict(num_hidden_layers=3)
@@ -109,3 +110,28 @@ def verify(c, target, prompt, tokens, ex, eos=None, tie=TIE):
     if len(tokens) > N or (len(tokens) < N and (eos is None or eos not in tokens)):
         why = "no more than max_new_tokens" if len(tokens) > N else "max_new_tokens, as no EOS came"
         c.fail(f"{len(tokens)} new tokens, expected {N} ({why})\n  your tokens: {tokens}", shown, ("tokens", tokens))
+
+
+def counting_to_eos(c, ex):
+    """Target and draft both count (t -> t + 1 mod 16), so every proposal is accepted and the EOS comes
+    mid-round, inside the accepted prefix; the id 0, which many vocabularies give a special token, is an
+    EOS like any other."""
+    target, draft, eos, N = successor_model(16, c.device), successor_model(16, c.device), ex["eos_token_id"], \
+        ex["max_new_tokens"]
+    tokens, _ = result(c, c.t.speculative_generate(target, draft, list(ex["prompt"]), N, ex["k"], eos_token_id=eos), ex)
+    want = [(ex["prompt"][-1] + 1 + i) % 16 for i in range(min(N, (eos - ex["prompt"][-1] - 1) % 16 + 1))]
+    if tokens != want:
+        c.fail(f"a target that continues each token t with t + 1 (mod 16) gives {want} (stopping after the EOS "
+               f"{eos}, kept); yours gave {tokens}", {**ex, "models": "each token t is followed by t + 1"},
+               ("tokens", tokens))
+
+
+def protocol_call(pair, prompt_len: int, tokens_only: bool = True):
+    """A program for the protocol checks: speculative_generate on the models ``pair`` (built once: they
+    keep no state between calls) and the example's prompt of ``prompt_len`` tokens."""
+    def call(api, ex):
+        target, draft = pair
+        prompt = prompt_of({**ex, "prompt_len": prompt_len}, target.config.vocab_size)
+        got = api.speculative_generate(target, draft, prompt, ex["max_new_tokens"], ex["k"])
+        return got[0] if tokens_only else got
+    return call
