@@ -265,12 +265,11 @@ def rejects_bad_input(ctx):
 def results_are_the_callers(ctx):
     def body(c, ex):
         pair = models(ex, c.device)[:2]
+        first, other, whole = protocol_call(pair, 4), protocol_call(pair, 7), protocol_call(pair, 4, tokens_only=False)
         for what, program in (("the tokens of one call, held while a call on another prompt runs",
-                               protocol.kept(protocol_call(pair, 4), protocol_call(pair, 7), "the tokens of the first call",
-                                             "a second call")),
-                              ("the caller overwrites the tokens (and stats) of one call, then makes the same call again",
-                               protocol.changed_by_caller(protocol_call(pair, 4, tokens_only=False), protocol_call(pair, 4),
-                                                          "the same call")),
+                               protocol.kept(first, other, "the tokens of the first call", "a second call")),
+                              ("the caller overwrites the tokens and stats of one call, then makes the same call again",
+                               protocol.changed_by_caller(whole, first, "the same call")),
                               ("the same call twice", protocol.twice(protocol_call(pair, 5)))):
             c.differential(ex, program, what)
 
