@@ -47,6 +47,14 @@ WRONG = [
      [("            for r, token in _step_forward(model, cache, rows).items():",
        "            for r, token in [p for row in rows for p in _step_forward(model, cache, [row]).items()]:")],
      "one_forward_per_step"),
+    ("12", "k12_no_prefill_buffer.py", "the draft's cache emptied after every round",
+     [("            cache.crop(min(cache.seq_len(), len(accepted) - 1))",
+       "            cache.crop(0 if cache is caches[\"draft\"] else min(cache.seq_len(), len(accepted) - 1))")],
+     "caches_hold_only_accepted_tokens"),
+    ("12", "k12_no_prefill_buffer.py", "the target's choices read after a cast to float32",
+     [("        picks = rows[-(n + 1):].argmax(dim=-1).tolist()",
+       "        picks = rows[-(n + 1):].float().argmax(dim=-1).tolist()")],
+     "near_ties_read_in_the_models_dtype"),
 ]
 
 

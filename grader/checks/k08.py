@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from grader.checks.support import devices, protocol
 from grader.checks.support.common import SEEDS, expect_value_error
-from grader.checks.support.models import DEVICE_MODEL, TIE, TINY, FixedLogits, first_wrong, greedy_alone, tiny_model
+from grader.checks.support.models import (DEVICE_MODEL, TIE, TINY, FixedLogits, first_wrong, greedy_alone,
+                                          successor_model, tiny_model)
 from grader.engine import Checks, report
 from grader.nn import Llama, LlamaConfig
 
@@ -25,14 +26,6 @@ CHECKS = Checks("08")
 
 CHI2_DF7_P1E6 = 40.52  # chi-square with 7 degrees of freedom exceeds this with probability 1e-6
 CUDA = torch.cuda.is_available()
-
-
-# -- the stand-in models ----------------------------------------------------------------------
-def _successor_model(vocab: int, device, dtype=torch.float64, margin: float = 5.0) -> FixedLogits:
-    """Greedy continues every token t with t + 1 (mod vocab), by a wide margin (logits +margin and -margin)."""
-    table = torch.full((vocab, vocab), -margin, dtype=torch.float64)
-    table[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = margin
-    return FixedLogits(table, device, dtype)
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -238,7 +231,7 @@ SUCCESSOR_CASES = [
 @CHECKS.add("EOS is sticky and the loop stops calling the model once every row is done", uses="generate")
 def early_exit_when_all_done(ctx):
     def body(c, ex):
-        model, eos, N = _successor_model(16, c.device), ex.get("eos", 15), ex["max_new_tokens"]
+        model, eos, N = successor_model(16, c.device), ex.get("eos", 15), ex["max_new_tokens"]
         got = _rows(c, c.t.generate(model, ex["prompts"], N, eos_token_id=eos), len(ex["prompts"]), ex)
         expected = [[(p[-1] + 1 + i) % 16 for i in range(min(N, (eos - p[-1] - 1) % 16 + 1))] for p in ex["prompts"]]
         shown = {**ex, "eos_token_id": eos, "model": "each token t is followed by t + 1"}
@@ -383,7 +376,7 @@ def tiny_temperature_is_greedy(ctx):
     ctx.case({"lengths": [4, 2, 9], "max_new_tokens": 5, "pad_token_id": 0, "seed": 21}, body)
 
     def half(c, ex):  # logits / T of a float16 model overflow float16 (max 65504): scale them in float32
-        model, N = _successor_model(16, c.device, torch.float16, margin=10.0), ex["max_new_tokens"]
+        model, N = successor_model(16, c.device, torch.float16, margin=10.0), ex["max_new_tokens"]
         got = _rows(c, c.t.generate(model, ex["prompts"], N, temperature=T,
                                     generator=torch.Generator(c.device).manual_seed(0)), len(ex["prompts"]), ex)
         expected = [[(p[-1] + 1 + i) % 16 for i in range(N)] for p in ex["prompts"]]

@@ -1,6 +1,8 @@
 """Programs for kata 12's cache checks: drawn sequences of updates (every layer, T new tokens) and
 crops, replayed on the learner's ``RollbackKVCache`` next to a plain list of chunks per layer,
-comparing every returned (K, V) bit for bit and every ``seq_len`` after every step.
+comparing every returned (K, V) bit for bit and every ``seq_len`` after every step. The keys and
+values are drawn by ``envelope.tensor``: an envelope case makes them half precision or transposed views.
+Also here: the steps of two caches driven in turn (``protocol.interleaved``) and the bad calls.
 """
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.engine import report
+from grader.checks.support import envelope
 from grader.checks.support.common import DTYPES, SEEDS, randn
 
 
@@ -53,7 +56,7 @@ def replay(c, ex):
         for layer, chunks in enumerate(model):
             if op[0] == "update":
                 seed = ex["seed"] * 1000 + step * 10 + layer
-                k, v = (randn(seed + s, *shape[:2], op[1], shape[3], dtype=ex["dtype"], device=c.device)
+                k, v = (envelope.tensor(ex, seed + s, *shape[:2], op[1], shape[3], device=c.device)
                         for s in (0, 500_000))
                 chunks.append((k, v))
                 got = cache.update(layer, k.clone(), v.clone())
@@ -95,3 +98,50 @@ def _summary(got, want):
         return tuple((tuple(g.shape), str(g.dtype), g.shape == w.shape and torch.equal(g.to(w.dtype), w))
                      for g, w in zip(got, want))
     return report.describe(got)
+
+
+def new_cache(api, ex, i):
+    return api.RollbackKVCache()
+
+
+def cache_step(api, ex, cache, i, n):
+    """Step n of cache i: an update of both layers (3 tokens, then 2, ...), with a crop before every other one."""
+    if n % 2:
+        cache.crop(1 + i)
+    got = []
+    for layer in range(2):
+        k, v = (randn(ex["seed"] + 100 * n + 10 * i + 2 * layer + s, 1, 2, 3 - n % 2, 4, device=ex["device"])
+                for s in (0, 1))
+        got.append(cache.update(layer, k, v))
+    return {"update(0, k, v)": got[0], "update(1, k, v)": got[1], "seq_len()": cache.seq_len()}
+
+
+def bad_calls(cache, k: torch.Tensor, wide: torch.Tensor) -> list:
+    """(what, call, names it may raise with) for each bad call on ``cache``, whose layers 0 and 1 hold ``k``
+    (1, 2, 3, 4); ``wide`` (2, 3, 3, 8) has more of everything than the layers hold."""
+    return [("update(-1, k, v)", lambda: cache.update(-1, k, k), ("layer",)),
+            ("update('0', k, v): a layer that is not an int", lambda: cache.update("0", k, k), ("layer",)),
+            ("update with k of 3 dimensions", lambda: cache.update(0, k[0], k), ("k",)),
+            ("update with v of 3 dimensions", lambda: cache.update(0, k, k[0]), ("v",)),
+            ("update of the new layer 2 with k and v both of 3 dimensions",
+             lambda: cache.update(2, k[0], k[0]), ("k", "v")),
+            ("update of the new layer 2 with k and v both of 5 dimensions",
+             lambda: cache.update(2, k[None], k[None]), ("k", "v")),
+            ("update with k a list, not a tensor", lambda: cache.update(2, k.tolist(), k), ("k",)),
+            ("update with v None", lambda: cache.update(2, k, None), ("v",)),
+            ("update with v shorter than k", lambda: cache.update(0, k, k[:, :, :2]), ("v", "k")),
+            ("update with v longer than k", lambda: cache.update(0, k[:, :, :2], k), ("v", "k")),
+            ("update with 1 KV head where the layer holds 2", lambda: cache.update(1, k[:, :1], k[:, :1]), ("k",)),
+            ("update with 3 KV heads where the layer holds 2",
+             lambda: cache.update(1, wide[:1, :, :, :4], wide[:1, :, :, :4]), ("k",)),
+            ("update with head width 2 where the layer holds 4", lambda: cache.update(0, k[..., :2], k[..., :2]),
+             ("k",)),
+            ("update with head width 8 where the layer holds 4", lambda: cache.update(0, wide[:1, :2], wide[:1, :2]),
+             ("k",)),
+            ("update with batch 2 where the layer holds 1",
+             lambda: cache.update(0, wide[:, :2, :, :4], wide[:, :2, :, :4]), ("k",)),
+            ("seq_len(-1)", lambda: cache.seq_len(-1), ("layer",)),
+            ("seq_len('0')", lambda: cache.seq_len("0"), ("layer",)),
+            ("crop(-1)", lambda: cache.crop(-1), ("n",)),
+            ("crop(4) on a cache of 3 tokens", lambda: cache.crop(4), ("n",)),
+            ("crop(1.5)", lambda: cache.crop(1.5), ("n",))]

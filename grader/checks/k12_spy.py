@@ -3,9 +3,11 @@
 ``SpyLlama`` is the tiny float64 Llama noting every call into a log the target and the draft
 share (so the order of their calls is known): the tokens fed, their position ids, how many
 tokens the cache held before the call (read from what ``cache.update`` returned) and the
-logits returned. ``WrongDraft`` proposes, at every position, the token the target likes least.
-``replay_calls`` walks the log against the final sequence and reports the first forward that
-read a rejected token, used wrong positions, or returned logits an uncached forward disagrees with.
+logits returned. ``near_tie_model`` is one whose top two logits are always 1e-8 apart.
+``WrongDraft`` proposes the token the target likes least (at every position, or at every
+third one). ``replay_calls`` walks the log against the final sequence and reports the first
+forward that read a rejected token, re-fed accepted ones a rollback cut away, used wrong
+positions, or returned logits an uncached forward disagrees with.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from grader.checks.support.common import randn, tiny_llama
 from grader.nn import Llama, LlamaConfig
 
 LOGIT_TOL = 1e-8  # float64: a cached and an uncached forward agree far closer than this
+NEAR_TIE = 1e-8  # the near-tie model's margin: distinct in float64, one float32 value (1 + 1e-8 rounds to 1)
 
 
 class _LengthSpy:
@@ -57,6 +60,26 @@ def spy_model(seed: int, device, role: str, log: list, **overrides) -> SpyLlama:
     return model
 
 
+class NearTieHead(nn.Linear):
+    """The LM head of ``near_tie_model``: its logits moved so the best one is 1 + NEAR_TIE and the next
+    lower id's exactly 1 (id 0 is never the best), each row's other logits shifted as the best was."""
+
+    def forward(self, h):
+        logits = super().forward(h)  # (B, T, V)
+        best = logits.argmax(-1, keepdim=True).clamp(min=1)  # (B, T, 1): a lower id always exists
+        out = logits - logits.amax(-1, keepdim=True) + 1.0
+        return out.scatter(-1, best - 1, 1.0).scatter(-1, best, 1.0 + NEAR_TIE)  # (B, T, V)
+
+
+def near_tie_model(seed: int, device, role: str, log: list, **overrides) -> SpyLlama:
+    """The spy Llama of ``seed`` whose every greedy choice beats the next lower id by NEAR_TIE."""
+    model = spy_model(seed, device, role, log, **overrides)
+    head = NearTieHead(model.config.hidden_size, model.config.vocab_size, bias=False)
+    head.weight = model.lm_head.weight
+    model.lm_head = head
+    return model
+
+
 def perturbed(model: SpyLlama, seed: int, scale: float, role: str = "draft") -> SpyLlama:
     """A copy of ``model`` with its weights moved by noise of ``scale`` times their own size."""
     copy = spy_model(0, model.device, role, model.log, **_overrides(model.config))
@@ -70,24 +93,30 @@ def perturbed(model: SpyLlama, seed: int, scale: float, role: str = "draft") -> 
 
 def _overrides(config: LlamaConfig) -> dict:
     return {"num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
-            "num_key_value_heads": config.num_key_value_heads, "vocab_size": config.vocab_size}
+            "num_key_value_heads": config.num_key_value_heads, "vocab_size": config.vocab_size,
+            "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size}
 
 
 class WrongDraft(nn.Module):
     """A stand-in draft whose greedy token is never the target's: it returns the target's logits negated.
 
+    With ``every`` = 3 only the rows proposing a token at a position divisible by 3 are negated: the
+    others give the target's own choice after what the draft was fed, so after a wrong proposal the
+    next ones agree with the target's rows again (a match after a mismatch, which is not accepted).
     It reads the context from the tokens and positions it was fed, writes zeros into the cache
-    (one layer, one KV head of width 4) and has the interface the loop relies on.
+    (one layer, one KV head of width 4), notes its calls in the target's log (for ``count_rounds``;
+    ``replay_calls`` reads Llama calls only) and has the interface the loop relies on.
     """
 
-    def __init__(self, target: Llama):
+    def __init__(self, target: Llama, every: int = 1):
         super().__init__()
         self.target = [target]  # in a list: not a submodule
         self.config = LlamaConfig(vocab_size=target.config.vocab_size, hidden_size=8, intermediate_size=8,
                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=4)
         self.anchor = nn.Parameter(torch.zeros(1, dtype=torch.float64, device=target.device), requires_grad=False)
         self.seen: dict[int, int] = {}
-        self.calls = 0
+        self.calls, self.every = 0, every
+        self.role, self.log = "draft", getattr(target, "log", [])  # its calls go into the target's log
 
     @property
     def device(self):
@@ -108,8 +137,13 @@ class WrongDraft(nn.Module):
             cache.update(0, zeros, zeros)
         context = [self.seen.get(j, 0) for j in range(max(pos) + 1)]
         logits = Llama.forward(self.target[0], torch.tensor([context], device=self.device))[:, pos]  # (1, T, V)
-        logits = -logits.expand(B, T, -1)
-        return logits[:, -logits_to_keep:] if logits_to_keep else logits
+        wrong = torch.tensor([(p + 1) % self.every == 0 for p in pos], device=self.device)  # (T,)
+        logits = torch.where(wrong[:, None], -logits, logits).expand(B, T, -1)
+        logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
+        self.log.append({"model": self, "ids": input_ids.detach().cpu(), "cache": cache is not None, "before": {},
+                         "positions": None if position_ids is None else position_ids.detach().cpu(),
+                         "logits": logits.detach().cpu()})
+        return logits
 
 
 # -- reading the log ----------------------------------------------------------------------------------
@@ -118,15 +152,19 @@ def _positions(call) -> list[int]:
     return call["positions"][0].tolist() if call["positions"] is not None else list(range(T))
 
 
-def replay_calls(log: list[dict], final: list[int]):
+@torch.no_grad()
+def replay_calls(log: list[dict], final: list[int], prompt_len: int):
     """The first forward of either model that breaks the rollback contract, as (message, observed); or None.
 
     ``final`` is the prompt followed by the generated tokens. A token the target has judged since
     it was fed (a target forward covered its position) must, if it is still in a cache when a
-    later forward runs, be the accepted token of that position.
+    later forward runs, be the accepted token of that position. And a cache keeps what is known
+    to be accepted: the accepted tokens (those of ``final`` before the length the target's rounds
+    have settled so far) its model computed at the start of its cache stay there.
     """
-    record = {}  # model -> {position: (token it was fed there, when), latest}
+    record, held = {}, {}  # model -> {position: (token it was fed there, when), latest}; model -> its cache length
     judged, counts = {}, {}  # position -> when a target forward last covered it
+    known = prompt_len  # tokens known to be accepted so far: the prompt, then a + 1 more per target forward
     for time, call in enumerate(log):
         model = call["model"]
         n = counts[model.role] = counts.get(model.role, 0) + 1
@@ -147,6 +185,12 @@ def replay_calls(log: list[dict], final: list[int]):
             return (f"{where}: the cache held {before} tokens, so the {T} tokens fed should sit at positions "
                     f"{before} … {before + T - 1}; they were given {pos}. Positions come from how many tokens the "
                     "cache really holds after a rollback."), ("positions", model.role, n, before, pos[0])
+        kept = _accepted_prefix(seen, final, min(held.get(model, 0), known))
+        if before < kept:
+            return (f"{where}: its cache held {before} tokens, but the first {kept} it had computed are accepted "
+                    f"tokens; the rollback cut {kept - before} accepted token(s) away, so they are fed and computed "
+                    "again. Crop a cache to the accepted tokens it holds, not below them."), \
+                ("cropped too far", model.role, n, before, kept)
         context = [seen[j][0] for j in range(before)]
         for j, token in enumerate(context):
             if judged.get(j, -1) >= seen[j][1] and j < len(final) and token != final[j]:
@@ -165,9 +209,32 @@ def replay_calls(log: list[dict], final: list[int]):
                     f"positions ({err}): the cache does not hold the keys and values of exactly the accepted tokens"), \
                 ("logits", model.role, n)
         seen.update((j, (token, time)) for j, token in zip(pos, ids[0].tolist()))
+        held[model] = before + T
         if model.role == "target":
             judged.update((j, time) for j in pos)
+            known += _verdict(call, known)[1] + 1
     return None
+
+
+def _accepted_prefix(seen: dict, final: list[int], limit: int) -> int:
+    """How many of the first ``limit`` tokens a model computed equal the final sequence."""
+    n = 0
+    while n < min(limit, len(final)) and seen[n][0] == final[n]:
+        n += 1
+    return n
+
+
+def _verdict(call: dict, known: int) -> tuple[int, int]:
+    """(m, a) of a target forward after ``known`` accepted tokens: the m proposals it fed beyond them
+    (the tokens past the accepted sequence) and the a of them that agree with its own rows."""
+    pos, ids, logits = _positions(call), call["ids"][0].tolist(), call["logits"][0]
+    m = max(pos[-1] + 1 - known, 0)
+    proposals = ids[len(ids) - m:] if m else []
+    choices = logits[-(m + 1):].argmax(-1).tolist() if logits.shape[0] >= m + 1 else []
+    a = 0
+    while a < min(m, len(choices)) and proposals[a] == choices[a]:
+        a += 1
+    return m, a
 
 
 def count_rounds(log: list[dict], prompt_len: int) -> dict:
@@ -178,13 +245,7 @@ def count_rounds(log: list[dict], prompt_len: int) -> dict:
             out["draft_forwards"] += 1
             continue
         out["target_forwards"] += 1
-        pos, ids, logits = _positions(call), call["ids"][0].tolist(), call["logits"][0]
-        m = max(pos[-1] + 1 - known, 0)  # tokens fed beyond the accepted sequence: the proposals
-        proposals = ids[len(ids) - m:] if m else []
-        choices = logits[-(m + 1):].argmax(-1).tolist() if logits.shape[0] >= m + 1 else []
-        a = 0
-        while a < min(m, len(choices)) and proposals[a] == choices[a]:
-            a += 1
+        m, a = _verdict(call, known)
         out["proposed"] += m
         out["accepted"] += a
         out["per_forward"].append(m)

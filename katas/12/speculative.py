@@ -37,7 +37,8 @@ class RollbackKVCache:
 
 
 def _check_args(target, draft, prompt, max_new_tokens, k) -> None:
-    """ValueError naming the argument: k < 1, max_new_tokens < 0, an empty prompt, or a draft whose
+    """ValueError naming the argument: k not an int >= 1, max_new_tokens not an int >= 0, a prompt that
+    is not a non-empty list of int token ids of the target's vocabulary, or a draft whose
     ``config.vocab_size`` differs from the target's."""
     raise NotImplementedError("kata 12: _check_args — see README, task 3")
 
@@ -69,7 +70,7 @@ def speculative_generate(target, draft, prompt: list[int], max_new_tokens: int, 
     ``eos_token_id`` (included) or ``max_new_tokens``. Returns (tokens, stats), tokens a list of
     int, stats a dict with ``target_forwards``, ``draft_forwards`` (model calls), ``proposed``
     (draft tokens sent to the target) and ``accepted`` (agreeing-prefix lengths, summed).
-    ValueError for k < 1, max_new_tokens < 0, an empty prompt, or a draft whose vocabulary
-    differs from the target's.
+    ValueError for k < 1, max_new_tokens < 0 (or either not an int), a prompt that is empty or
+    holds an id outside the target's vocabulary, or a draft whose vocabulary differs from the target's.
     """
     raise NotImplementedError("kata 12: speculative_generate — see README, tasks 2 and 3")

@@ -67,14 +67,19 @@ class RollbackKVCache:
 
 
 def _check_args(target, draft, prompt, max_new_tokens, k) -> None:
-    """ValueError naming the argument: k < 1, max_new_tokens < 0, an empty prompt, or a draft whose
+    """ValueError naming the argument: k not an int >= 1, max_new_tokens not an int >= 0, a prompt that
+    is not a non-empty list of int token ids of the target's vocabulary, or a draft whose
     ``config.vocab_size`` differs from the target's."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k: expected an int >= 1 (draft tokens per round), got {k!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
-    if len(prompt) == 0:
-        raise ValueError("prompt: expected at least one token, got an empty prompt")
+    if not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
+        raise ValueError(f"prompt: expected a non-empty list of token ids, got {prompt!r}")
+    for token in prompt:
+        if not isinstance(token, int) or not 0 <= token < target.config.vocab_size:
+            raise ValueError(f"prompt: expected int token ids from 0 up to the target's vocab_size "
+                             f"{target.config.vocab_size} (excluded), got {token!r}")
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft: its vocabulary of {draft.config.vocab_size} tokens differs from the target's "
                          f"{target.config.vocab_size}; the target cannot check tokens it does not know")
@@ -115,8 +120,8 @@ def speculative_generate(target, draft, prompt: list[int], max_new_tokens: int, 
     ``eos_token_id`` (included) or ``max_new_tokens``. Returns (tokens, stats), tokens a list of
     int, stats a dict with ``target_forwards``, ``draft_forwards`` (model calls), ``proposed``
     (draft tokens sent to the target) and ``accepted`` (agreeing-prefix lengths, summed).
-    ValueError for k < 1, max_new_tokens < 0, an empty prompt, or a draft whose vocabulary
-    differs from the target's.
+    ValueError for k < 1, max_new_tokens < 0 (or either not an int), a prompt that is empty or
+    holds an id outside the target's vocabulary, or a draft whose vocabulary differs from the target's.
     """
     _check_args(target, draft, prompt, max_new_tokens, k)
     stats = {"target_forwards": 0, "draft_forwards": 0, "proposed": 0, "accepted": 0}

@@ -1,6 +1,7 @@
 """The model-test harness of the katas whose code drives a model (08, 11, 12, 13): a tiny seeded
 Llama that notes every call made to it, a spy on the cache it is handed, a stand-in model with
-fixed logits, and greedy decoding of one prompt alone (plain uncached forwards) to judge tokens by."""
+fixed logits (one that counts t -> t + 1), and greedy decoding of one prompt alone (plain uncached
+forwards) to judge tokens by."""
 from __future__ import annotations
 
 import torch
@@ -85,6 +86,13 @@ class FixedLogits(nn.Module):
         if self.table.dim() == 1:
             return self.table.expand(B, T, -1)  # (B, T, V)
         return self.table[input_ids]  # (B, T, V)
+
+
+def successor_model(vocab: int, device, dtype=torch.float64, margin: float = 5.0) -> FixedLogits:
+    """Greedy continues every token t with t + 1 (mod vocab), by a wide margin (logits +margin and -margin)."""
+    table = torch.full((vocab, vocab), -margin, dtype=torch.float64)
+    table[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = margin
+    return FixedLogits(table, device, dtype)
 
 
 @torch.no_grad()
