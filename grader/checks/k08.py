@@ -324,7 +324,7 @@ def no_state_between_calls(ctx):
 
 def _successor_generate(c, prompts, N):
     """generate on the successor model (no near-tie anywhere, so every correct loop gives the same tokens)."""
-    return lambda api, ex: c.call(api.generate, _successor_model(16, c.device), prompts, N)
+    return lambda api, ex: c.call(api.generate, successor_model(16, c.device), prompts, N)
 
 
 @CHECKS.add("generate leaves the caller's prompts as they were and returns lists that are the caller's",
@@ -333,7 +333,7 @@ def prompts_and_rows_are_the_callers(ctx):
     def body(c, ex):
         def unchanged(api, e):
             prompts = copy.deepcopy(ex["prompts"])
-            rows = c.call(api.generate, _successor_model(16, c.device), prompts, ex["max_new_tokens"])
+            rows = c.call(api.generate, successor_model(16, c.device), prompts, ex["max_new_tokens"])
             return {"new tokens": rows, "the caller's prompts after the call": prompts}
         c.differential(ex, unchanged, "generate(model, prompts of unequal lengths, ...): a loop pads a copy, never "
                                       "the caller's lists")
