@@ -11,6 +11,7 @@ handout.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -271,3 +272,24 @@ def test_the_classroom_workflow_runs_the_public_checks(handout, tmp_path):
     bare = tmp_path / "bare"
     handouts.assign(1, str(bare), only=True, ci=False)
     assert not (bare / ".github").exists() and "GitHub Classroom" not in (bare / "README.md").read_text()
+
+
+def test_a_handout_carries_every_checks_module_its_katas_import():
+    """What Python loads when it imports a kata's checks is what the handout copies, however the import
+    is spelled (a module imported under another name included)."""
+    script = ("import importlib, json, sys\n"
+              "found = {}\n"
+              "for kata_id in sys.argv[1:]:\n"
+              "    for name in [m for m in sys.modules if m.startswith('grader.checks.k')]:\n"
+              "        del sys.modules[name]\n"
+              "    importlib.import_module(f'grader.checks.k{kata_id}')\n"
+              "    found[kata_id] = sorted(m.split('.')[2] + '.py' for m in sys.modules if m.startswith('grader.checks.k'))\n"
+              "print(json.dumps(found))\n")
+    ids = list(manifest.load())
+    ran = subprocess.run([sys.executable, "-c", script, *ids], capture_output=True, text=True,
+                         cwd=manifest.REPO_ROOT, env={**os.environ, "PYTHONPATH": str(manifest.REPO_ROOT)})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    loaded = json.loads(ran.stdout)
+    for kata_id in ids:
+        copied = sorted(p.name for p in handouts.check_modules({kata_id}))
+        assert copied == loaded[kata_id], f"kata {kata_id}: the handout copies {copied}, its checks import {loaded[kata_id]}"

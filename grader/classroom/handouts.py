@@ -4,6 +4,7 @@ solutions, mistakes, the recorder or the checks of other katas, each kata's publ
 every push. Kata 06's paged cache comes along only as a copy for level-4 katas without kata 06."""
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import tempfile
@@ -138,7 +139,7 @@ def uses_paged(kata: manifest.Kata) -> bool:
 
 def check_modules(ids: set[str]) -> list[Path]:
     """The checks' modules these katas' checks run: ``kNN.py`` and every module of ``grader/checks``
-    they import, directly or not (kata 11's checks use parts of kata 08's, for instance)."""
+    they import, directly or not (kata 06's checks use k06_programs and k06_aliasing, for instance)."""
     folder = manifest.PACKAGE_DIR / "checks"
     chosen, todo = [], [folder / f"k{i}.py" for i in sorted(ids)]
     while todo:
@@ -146,11 +147,23 @@ def check_modules(ids: set[str]) -> list[Path]:
         if path in chosen or not path.is_file():
             continue
         chosen.append(path)
-        text = path.read_text(encoding="utf-8")
-        names = re.findall(r"\bgrader\.checks\.(\w+)", text)
-        names += [n.strip() for group in re.findall(r"from grader\.checks import ([\w, ]+)", text) for n in group.split(",")]
-        todo += [folder / f"{n}.py" for n in names]
+        todo += [folder / f"{n}.py" for n in _checks_imported(path)]
     return chosen
+
+
+def _checks_imported(path: Path) -> list[str]:
+    """The modules of ``grader/checks`` that ``path`` imports, however it spells the import
+    (``from grader.checks.k08 import x``, ``from grader.checks import k06_aliasing as aliasing``,
+    ``import grader.checks.k11_oracle``)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "grader.checks":
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grader.checks."):
+            names.append(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            names += [a.name.split(".")[2] for a in node.names if a.name.startswith("grader.checks.")]
+    return names
 
 
 PAGED_COPY = "paged_reference.py"  # where grader/paged.py looks for a copy (its COPY)
