@@ -61,16 +61,14 @@ def render(all_figures: list[KataFigures], listed: dict[tuple[str, str], str]) -
         lines.append(f"| {f.kata} | {f.mutants} | {f.killed} | {f.equivalent} | {len(f.surviving)} | "
                      f"{f.killed}/{f.mutants - f.equivalent} = {f.score:.1%} |")
     for f in all_figures:
-        if f.surviving:
-            lines += ["", f"Kata {f.kata}: surviving, not listed as equivalent:"]
-            lines += [f"- `{o.mutant.id}` (line {o.mutant.line})" for o in f.surviving]
-        if f.stale:
-            lines += ["", f"Kata {f.kata}: listed as equivalent but killed (remove from the list):"]
-            lines += [f"- `{o.mutant.id}`: {o.how}" for o in f.stale]
-        if f.gone:
-            lines += ["", f"Kata {f.kata}: listed as equivalent but no longer a mutant of the reference (remove from the list):"]
-            lines += [f"- `{m}`" for m in f.gone]
-        if f.reviewed:
-            lines += ["", f"Kata {f.kata}: equivalent mutants (reviewed):"]
-            lines += [f"- `{m}`: {listed[(f.kata, m)]}" for m in f.reviewed]
+        sections = [
+            ("surviving, not listed as equivalent", [f"`{o.mutant.id}` (line {o.mutant.line})" for o in f.surviving]),
+            ("listed as equivalent but killed (remove from the list)", [f"`{o.mutant.id}`: {o.how}" for o in f.stale]),
+            ("listed as equivalent but no longer a mutant of the reference (remove from the list)",
+             [f"`{m}`" for m in f.gone]),
+            ("equivalent mutants (reviewed)", [f"`{m}`: {listed[(f.kata, m)]}" for m in f.reviewed]),
+        ]
+        for title, items in sections:
+            if items:
+                lines += ["", f"Kata {f.kata}: {title}:"] + [f"- {item}" for item in items]
     return "\n".join(lines) + "\n"

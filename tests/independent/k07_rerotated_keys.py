@@ -12,32 +12,27 @@ from torch import nn
 from grader.nn import apply_rope
 
 
+def _count(name: str, value, least: int) -> None:
+    """A size the README bounds below: an int (not a bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int of at least {least}; {value!r} was given")
+
+
 def _expect_sizes(n_sink, window) -> None:
-    if not isinstance(n_sink, int) or n_sink < 0:
-        raise ValueError(f"n_sink: expected an int >= 0, got {n_sink!r}")
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window: expected an int >= 1, got {window!r}")
+    _count("n_sink", n_sink, 0)
+    _count("window", window, 1)
 
 
 def kept_positions(seq_len: int, n_sink: int, window: int) -> list[int]:
-    """Original indices of the tokens a sink cache holds after ``seq_len`` tokens.
-
-    The first ``n_sink`` tokens plus the last ``window`` tokens (the window does not count the
-    sinks); every token while ``seq_len <= n_sink + window``. Sorted ascending. Negative
-    ``seq_len`` or ``n_sink``, or ``window < 1``, raise ValueError naming the argument.
-    """
+    """Every index below n_sink, and every index of the last window: one pass over 0 … seq_len - 1."""
     _expect_sizes(n_sink, window)
-    if not isinstance(seq_len, int) or seq_len < 0:
-        raise ValueError(f"seq_len: expected an int >= 0, got {seq_len!r}")
-    if seq_len <= n_sink + window:
-        return list(range(seq_len))
-    return list(range(n_sink)) + list(range(seq_len - window, seq_len))
+    _count("seq_len", seq_len, 0)
+    return [i for i in range(seq_len) if i < n_sink or i >= seq_len - window]
 
 
 def _expect_kv(name: str, x) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{name}: expected a tensor (batch, heads, seq, head_dim), got {got}")
+    if not (isinstance(x, torch.Tensor) and x.ndim == 4):
+        raise ValueError(f"{name} must be a 4-D tensor (batch, heads, tokens, head_dim); {x!r:.60} was given")
 
 
 class SinkKVCache:
