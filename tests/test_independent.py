@@ -6,12 +6,13 @@ Each file of tests/independent/ is named ``kNN_<choice>.py`` and graded as
 """
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
-from grader import grade, manifest
+from grader import checks, grade, manifest
 from grader.engine import targets
 
 HERE = Path(__file__).parent / "independent"
@@ -34,36 +35,38 @@ def test_independent_implementation_passes_every_check(path, device):
     assert not failed, "\n".join(failed)
 
 
-# The relaxed checks still fail what the README forbids: each an edit of an independent file above,
-# (kata, file, what, edits, the check that must fail).
-WRONG = [
-    ("06", "k06_empty_pool_cpu_slots.py", "an empty pool that hands out block 0",
-     [('        raise OutOfBlocksError(f"all {self._n} blocks are in use")',
-       '        if self._n == 0:\n            return 0\n        raise OutOfBlocksError(f"all {self._n} blocks are in use")')],
-     "allocator_rejects_bad_ids"),
-    ("06", "k06_empty_pool_cpu_slots.py", "gather copies the keys to the CPU",
-     [("        return K.clone(), V.clone()", "        return K.cpu(), V.cpu()")], "keeps_the_device"),
-    ("13", "k13_packed_row.py", "one forward per request",
-     [("            for r, token in _step_forward(model, cache, rows).items():",
-       "            for r, token in [p for row in rows for p in _step_forward(model, cache, [row]).items()]:")],
-     "one_forward_per_step"),
-    ("12", "k12_no_prefill_buffer.py", "the draft's cache emptied after every round",
-     [("            cache.crop(min(cache.seq_len(), len(accepted) - 1))",
-       "            cache.crop(0 if cache is caches[\"draft\"] else min(cache.seq_len(), len(accepted) - 1))")],
-     "caches_hold_only_accepted_tokens"),
-    ("12", "k12_no_prefill_buffer.py", "the target's choices read after a cast to float32",
-     [("        picks = rows[-(n + 1):].argmax(dim=-1).tolist()",
-       "        picks = rows[-(n + 1):].float().argmax(dim=-1).tolist()")],
-     "near_ties_read_in_the_models_dtype"),
-]
+# The relaxed checks still fail what the README forbids. Each kata's ``kNN_forbidden.toml`` lists
+# ``[[edit]]`` entries (an edit of an independent file above: file, what, check, and its
+# ``[[edit.replace]]`` old/new pairs) and ``[[wrong]]`` entries (a whole wrong file of
+# tests/independent/wrong/: file, what, check); each must fail the check it names.
+def _forbidden():
+    found = []
+    for table in sorted(HERE.glob("k[0-9][0-9]_forbidden.toml")):
+        kata = table.name[1:3]
+        data = tomllib.loads(table.read_text(encoding="utf-8"))
+        for entry in data.get("edit", []):
+            source = (HERE / entry["file"]).read_text(encoding="utf-8")
+            for pair in entry["replace"]:
+                old, new = pair["old"], pair["new"]
+                assert source.count(old) == 1, f"{table.name}: {old!r} occurs {source.count(old)} times in {entry['file']}"
+                source = source.replace(old, new)
+            found.append((kata, entry["what"], source, entry["check"]))
+        for entry in data.get("wrong", []):
+            source = (HERE / "wrong" / entry["file"]).read_text(encoding="utf-8")
+            found.append((kata, entry["what"], source, entry["check"]))
+    return found
 
 
-@pytest.mark.parametrize("kata_id,name,what,edits,check", WRONG, ids=[f"{k}-{w}" for k, _, w, _, _ in WRONG])
-def test_an_edit_the_readme_forbids_fails(kata_id, name, what, edits, check):
-    source = (HERE / name).read_text(encoding="utf-8")
-    for old, new in edits:
-        assert source.count(old) == 1, f"{old!r} occurs {source.count(old)} times in {name}"
-        source = source.replace(old, new)
+WRONG = _forbidden()
+
+
+def test_every_forbidden_edit_names_a_check_of_its_kata():
+    for kata_id, what, _, check in WRONG:
+        assert check in {c.id for c in checks.for_kata(kata_id).all}, (kata_id, what, check)
+
+
+@pytest.mark.parametrize("kata_id,what,source,check", WRONG, ids=[f"{k}-{w}" for k, w, _, _ in WRONG])
+def test_an_edit_the_readme_forbids_fails(kata_id, what, source, check):
     target = targets.from_source(source, f"<{what}>", what)
     results = {r.check.id: r for r in grade.grade(kata_id, target, diagnose=False)}
     assert results[check].status == "fail", (results[check].status, results[check].message)
