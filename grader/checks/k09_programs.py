@@ -79,6 +79,35 @@ def grid_problem(x: torch.Tensor, got: torch.Tensor, dim: int, n_bits: int) -> t
     return None
 
 
+TIE_UNITS = 4  # units of float32 (float64) in (x - zero) / scale: another order of the same operations
+
+
+def codes_problem(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                  n_bits: int) -> tuple | None:
+    """Whether ``codes`` are the README's ``round((x - zero) / scale)``, computed in float32 (float64 for
+    float64 ``x``) from the given ``scale`` and ``zero``, clamped to [0, 2**n_bits - 1]; 0 where scale is 0.
+
+    The rounding mode is free, so where that value lies within ``TIE_UNITS`` float32 units of a tie
+    (… .5) either neighbour passes; everywhere else the code is exact. None when they are; else
+    (index, got, expected, the value).
+    """
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    qmax = 2 ** n_bits - 1
+    s, z = scale.detach().cpu().to(work), zero.detach().cpu().to(work)
+    positive = s > 0
+    y = (x.detach().cpu().to(work) - z) / torch.where(positive, s, torch.ones_like(s))  # in work, as the README
+    y = torch.where(positive.expand_as(y), y, torch.zeros_like(y)).double()
+    nearest = y.round().clamp(0, qmax)
+    below, above = y.floor().clamp(0, qmax), y.ceil().clamp(0, qmax)
+    tie = ((y - y.floor()) - 0.5).abs() <= TIE_UNITS * EPS[work] * (y.abs() + 1)
+    got = codes.detach().cpu().double()
+    bad = ~((got == nearest) | (tie & ((got == below) | (got == above))))
+    if bad.any():
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        return index, int(got[index].item()), int(nearest[index].item()), y[index].item()
+    return None
+
+
 def trailing_exact(V: torch.Tensor, v_in: torch.Tensor) -> int:
     """How many of the last tokens of V equal the input bit for bit (all of B, Hkv, D)."""
     n = 0
