@@ -85,10 +85,12 @@ TIE_UNITS = 4  # units of float32 (float64) in (x - zero) / scale: another order
 def codes_problem(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
                   n_bits: int) -> tuple | None:
     """Whether ``codes`` are the README's ``round((x - zero) / scale)``, computed in float32 (float64 for
-    float64 ``x``) from the given ``scale`` and ``zero``, clamped to [0, 2**n_bits - 1]; 0 where scale is 0.
+    float64 ``x``) from the given ``scale`` and ``zero``, clamped to [0, 2**n_bits - 1], wherever scale > 0.
 
     The rounding mode is free, so where that value lies within ``TIE_UNITS`` float32 units of a tie
-    (… .5) either neighbour passes; everywhere else the code is exact. None when they are; else
+    (… .5) either neighbour passes; everywhere else the code is exact. Where scale is 0 every code
+    dequantizes to zero: a constant slice's codes 0 are judged by quantize_constant_slices, and a spread
+    that underflows to scale 0 (float16 subnormals) leaves the code free. None when they are; else
     (index, got, expected, the value).
     """
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -101,7 +103,7 @@ def codes_problem(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zer
     below, above = y.floor().clamp(0, qmax), y.ceil().clamp(0, qmax)
     tie = ((y - y.floor()) - 0.5).abs() <= TIE_UNITS * EPS[work] * (y.abs() + 1)
     got = codes.detach().cpu().double()
-    bad = ~((got == nearest) | (tie & ((got == below) | (got == above))))
+    bad = ~((got == nearest) | (tie & ((got == below) | (got == above))) | ~positive.expand_as(got))
     if bad.any():
         index = tuple(int(i) for i in bad.nonzero()[0])
         return index, int(got[index].item()), int(nearest[index].item()), y[index].item()
