@@ -123,6 +123,24 @@ EVICTION = {"num_blocks": 4, "block_size": 2, "ops": [
              7: {"free": 1, "cached": 3}, 8: {"free": 2, "cached": 3}, 9: {"reused": 2, "free": 0, "cached": 2},
              10: {"free": 0, "cached": 2}, 11: {"free": 2, "cached": 2}, 12: {"reused": 2, "free": 0, "cached": 2},
              13: {"free": 2, "cached": 2}, 14: {"free": 4, "cached": 2}}}
+# A hit followed by a second release: the block's recency is its later release, not its first (nor the
+# time it was allocated). Only then does eviction keep it and take the other cached block.
+REHIT = {"num_blocks": 4, "block_size": 2, "ops": [
+    ("allocate", 0, [1, 2, 9]),  # X = [1 2] cached, [9] partly filled
+    ("free", 0),  # [9] is free; X released: the order is X
+    ("allocate", 1, [3, 4, 9]),  # Y = [3 4] cached, from the free blocks
+    ("free", 1),  # Y released after X: the order is X, Y
+    ("allocate", 2, [1, 2, 8]),  # hits X (2 reused): X leaves the order
+    ("free", 2),  # X released again, after Y: the order is Y, X
+    ("allocate", 3, [5, 6, 7, 7, 7]),  # 3 new blocks: the 2 free ones, then evicts Y (released longest ago)
+    ("free", 3),
+    ("allocate", 4, [1, 2, 8]),  # X is still cached: 2 reused (evicting by X's first release, or by
+    ("free", 4)],  # its allocation, took X at step 6: 0 reused)
+    "want": {0: {"reused": 0, "free": 2, "cached": 1}, 1: {"free": 4, "cached": 1},
+             2: {"reused": 0, "free": 2, "cached": 2}, 3: {"free": 4, "cached": 2},
+             4: {"reused": 2, "free": 2, "cached": 2}, 5: {"free": 4, "cached": 2},
+             6: {"reused": 0, "free": 1, "cached": 3}, 7: {"free": 4, "cached": 3},
+             8: {"reused": 2, "free": 2, "cached": 3}, 9: {"free": 4, "cached": 3}}}
 DECODE = {"num_blocks": 8, "block_size": 4, "ops": [
     ("allocate", 0, [1, 2, 3]), ("append", 0, 4),  # the block fills: hashed and cached
     ("append", 0, 5), ("append", 0, 6), ("append", 0, 7), ("append", 0, 8),  # a new block, full after 4 tokens
@@ -191,6 +209,7 @@ def last_token_is_computed(ctx):
             uses="PrefixCache.free")
 def eviction_order(ctx):
     ctx.case(EVICTION, replay)
+    ctx.case(REHIT, replay)
     ctx.forall(programs(blocks=(3, 7), block_sizes=(1, 2), max_ops=16, vocab=2), replay, max_examples=15)
 
 
