@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from grader.checks.k11_judge import decode_count, judge, same_programs
 from grader.checks.k11_inputs import PINNED_CASES, PROGRAMS, UNIFORM_CASES, bad_inputs, program
-from grader.checks.k11_oracle import Probed, brute_force, cache_for, stand_in
+from grader.checks.k11_oracle import ModelFailed, Probed, brute_force, cache_for, failing, stand_in
 from grader.checks.support import devices
 from grader.checks.support.common import SEEDS, expect_value_error, tiny_llama
 from grader.checks.support.models import DEVICE_MODEL, Recording, tiny_model
 from grader.nn import Llama, LlamaConfig
-from grader.engine import Checks
+from grader.engine import Checks, GraderBug
 
 CHECKS = Checks("11")
 
@@ -208,6 +208,52 @@ def blocks_shared_and_freed(ctx):
     ctx.case({"prompt_len": 10, "num_beams": 4, "max_new_tokens": 9, "length_penalty": 1.0, "block_size": 4,
               "eos": False, "seed": 2}, body)
     ctx.forall(searches(max_new=10).map(lambda e: {**e, "eos": e["seed"] % 3 == 0}), body, max_examples=8)
+
+
+def _caused_by(exc: BaseException, kind: type) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@CHECKS.add("every sequence is freed even when the model raises: nothing is left in the cache", uses="beam_search")
+def freed_when_the_model_raises(ctx):
+    # The README: "Free every sequence before returning, even when something raised." The model raises
+    # half-way through a forward (after one layer wrote into the cache): on its third forward (the second
+    # decode step, beams forked from the prompt and from each other), and on its first (the prefill).
+    def body(c, ex):
+        model = failing(ex, c.device)
+        cache = cache_for(model, block_size=ex["block_size"])
+        shown = {k: v for k, v in ex.items()}
+        try:
+            result = c.t.beam_search(model, ex["prompt"], ex["num_beams"], ex["max_new_tokens"], cache=cache,
+                                     eos_token_id=ex["eos_token_id"])
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            if not _caused_by(exc, ModelFailed):
+                c.fail(f"the model raised ModelFailed on its forward {ex['fail_at']}; beam_search raised "
+                       f"{type(exc).__name__}: {exc} instead (while cleaning up?)", shown, ("raised", type(exc).__name__))
+        else:
+            c.fail(f"the model raised ModelFailed on its forward {ex['fail_at']}, but beam_search returned "
+                   f"{result!r}: let the model's error through", shown, ("returned",))
+        if model.calls < ex["fail_at"]:
+            raise GraderBug(f"the failing model was called {model.calls} times, never reaching forward {ex['fail_at']}")
+        if cache.in_use or cache.alive:
+            c.fail(f"the model raised on its forward {ex['fail_at']}; after beam_search let the error through, "
+                   f"{cache.in_use} block(s) were still in use and {len(cache.alive)} sequence(s) "
+                   f"({sorted(map(repr, cache.alive))}) still in the cache. Free every sequence before returning, even "
+                   "when something raised (try / finally)", shown, ("left after an error", cache.in_use, len(cache.alive)))
+
+    base = {"vocab": 6, "prompt": [3, 1, 4], "num_beams": 3, "max_new_tokens": 6, "eos_token_id": None,
+            "spread": 3.0, "seed": 23, "block_size": 2}
+    ctx.case({**base, "fail_at": 3}, body)
+    ctx.case({**base, "fail_at": 1}, body)
+    ctx.case({**base, "fail_at": 4, "num_beams": 2, "eos_token_id": 0, "block_size": 4}, body)
 
 
 @CHECKS.add("a float32 model with a float32 cache (scores are Python floats)", uses="beam_search")

@@ -91,6 +91,34 @@ def stand_in(ex: dict, device) -> FixedLogits:
     return FixedLogits(table, device, dtype=ex.get("dtype", torch.float64))
 
 
+class ModelFailed(RuntimeError):
+    """What ``Failing`` raises: the checks' own error, which beam_search must let through."""
+
+
+class Failing(FixedLogits):
+    """The stand-in model, raising ``ModelFailed`` on forward number ``fail_at`` (1 = the prefill), half-way
+    through it: after the first layer's ``update`` wrote into the cache, before the second layer's."""
+
+    def __init__(self, table: torch.Tensor, device, fail_at: int, dtype: torch.dtype = torch.float64):
+        super().__init__(table, device, dtype)
+        self.fail_at = fail_at
+
+    def forward(self, input_ids, position_ids=None, cache=None, attention_mask=None, **kwargs):
+        if self.calls + 1 < self.fail_at:
+            return super().forward(input_ids, position_ids, cache, attention_mask, **kwargs)
+        self.calls += 1
+        B, T = input_ids.shape
+        if cache is not None:
+            zeros = torch.zeros(B, 1, T, 4, dtype=self.dtype, device=self.device)
+            cache.update(0, zeros, zeros)
+        raise ModelFailed(f"the model failed on forward {self.calls} (on purpose: the checks' failing model)")
+
+
+def failing(ex: dict, device) -> Failing:
+    """``stand_in``'s table in a model that raises on forward ``ex["fail_at"]``."""
+    return Failing(stand_in(ex, device).table.detach().clone(), device, ex["fail_at"], dtype=ex.get("dtype", torch.float64))
+
+
 # -- the answer: a brute-force beam search from uncached forwards ---------------------------------
 @torch.no_grad()
 def last_logits(model, rows: list[list[int]]) -> torch.Tensor:
