@@ -84,7 +84,11 @@ def test_a_mistake_in_the_first_task_is_named_while_later_tasks_are_stubs():
     kata = manifest.get("03")
     tiled = next(m for m in mistakes.catalogue("03") if m.name == "tiled repeat instead of interleave")
     body = '    raise NotImplementedError("kata 03: repeat_kv — see README, task 1")\n'
-    solved = ("    B, H, S, D = x.shape\n"
+    solved = ("    if not isinstance(x, torch.Tensor) or x.dim() != 4:\n"  # the README's validation: one bug only
+              "        raise ValueError(f'x: expected a 4-D tensor, got {x!r}')\n"
+              "    if isinstance(n_rep, bool) or not isinstance(n_rep, int) or n_rep < 1:\n"
+              "        raise ValueError(f'n_rep: expected an int of at least 1, got {n_rep!r}')\n"
+              "    B, H, S, D = x.shape\n"
               "    return x[:, None].expand(B, n_rep, H, S, D).reshape(B, H * n_rep, S, D)\n")
     stub = (manifest.REPO_ROOT / kata.stub).read_text(encoding="utf-8")
     assert stub.count(body) == 1 and tiled.edits[0][1] in solved
