@@ -155,7 +155,7 @@ def _generate(api, ctx, ex):
 @CHECKS.add("CachedAttention prefill: causal attention over the prompt", uses="CachedAttention.forward")
 def attention_prefill(ctx):
     def body(c, ex):
-        envelope.differential(c, {**ex, "decode_steps": 0}, lambda api, e: _generate(api, c, e),
+        c.differential({**ex, "decode_steps": 0}, lambda api, e: _generate(api, c, e),
                               "prefill: layer(x) with cache=None")
 
     ctx.forall(attention_run(), body)
@@ -168,7 +168,7 @@ ATTENTION = {"batch": 2, "d_model": 16, "n_heads": 2, "prompt": 5, "decode_steps
 @CHECKS.add("CachedAttention decode steps match the uncached forward", uses="CachedAttention.forward")
 def attention_decode(ctx):
     def body(c, ex):
-        envelope.differential(c, ex, lambda api, e: _generate(api, c, e),
+        c.differential(ex, lambda api, e: _generate(api, c, e),
                               "prefill, then one-token steps that pass the returned cache back in")
 
     ctx.forall(attention_run().filter(lambda e: e["decode_steps"] > 0), body)

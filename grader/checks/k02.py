@@ -122,7 +122,7 @@ def rope_chunked(ctx):
         max_examples=15)
 
     def wide(c, ex):
-        envelope.differential(c, ex, lambda api, e: _chunked(api, c, e),
+        c.differential(ex, lambda api, e: _chunked(api, c, e),
                               "a prompt in chunks, then a decode step, with the default rope_base")
     base = {"batch": 2, "d_model": 16, "n_heads": 2, "rope_base": None, "lengths": [5, 2, 1], "dtype": torch.float32,
             "seed": 6}

@@ -184,7 +184,7 @@ def gqa_chunked(ctx):
                                             "the same, with head_dim given explicitly"), max_examples=5)
 
     def wide(c, ex):
-        envelope.differential(c, ex, lambda api, e: _chunked(api, c, e),
+        c.differential(ex, lambda api, e: _chunked(api, c, e),
                               "a prompt in chunks, then a decode step, with the default rope_base")
     base = {"batch": 2, "d_model": 16, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": None, "rope_base": None,
             "lengths": [5, 2, 1], "dtype": torch.float32, "seed": 4}

@@ -173,8 +173,8 @@ def cache_update_matches_oracle(ctx):
 
     ctx.case(PINNED_STREAM, body)
     ctx.forall(streams(), body, max_examples=20)
-    envelope.run(ctx, WIDE_STREAM, ("large", "half", "strided"), lambda c, ex: envelope.differential(
-        c, ex, lambda api, e: _stream(api, c, e), "a new SinkKVCache with the default rope_base, then update chunk "
+    envelope.run(ctx, WIDE_STREAM, ("large", "half", "strided"), lambda c, ex: c.differential(
+        ex, lambda api, e: _stream(api, c, e), "a new SinkKVCache with the default rope_base, then update chunk "
         "after chunk: every step's (keys, values), len(cache) and tokens_seen"), large=LARGE_STREAM)
     # The README's warning, checked: keys stored rotated in the half type and re-rotated at every eviction
     # drift by a rounding each time; a window turned over once leaves its oldest key re-rotated 127 times.
@@ -352,8 +352,8 @@ def attention_matches_oracle(ctx):
     del base["heads"], base["head_dim"]
     large = {**LARGE_STREAM, "n_heads": 16, "d_model": 64}
     del large["heads"]
-    envelope.run(ctx, base, ("large", "half", "strided", "magnitude"), lambda c, ex: envelope.differential(
-        c, ex, lambda api, e: _attention_stream(api, c, e), "a new SinkKVCache and a SinkAttention with the default "
+    envelope.run(ctx, base, ("large", "half", "strided", "magnitude"), lambda c, ex: c.differential(
+        ex, lambda api, e: _attention_stream(api, c, e), "a new SinkKVCache and a SinkAttention with the default "
         "rope_base, then layer(x_chunk, cache) chunk after chunk: every step's output"), large=large)
 
 

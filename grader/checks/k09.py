@@ -168,7 +168,7 @@ def dequantize_formula(ctx):
             scale = envelope.tensor(e, e["seed"] + 1, 2, 1, 4, device=c.device).abs()
             zero = envelope.tensor(e, e["seed"] + 2, 2, 1, 4, device=c.device)
             return {"dequantize(codes, scale, zero)": c.call(api.dequantize, codes, scale, zero)}
-        envelope.differential(c, ex, run_half, "codes (2, 3, 4) uint8, scale and zero (2, 1, 4) in a half type")
+        c.differential(ex, run_half, "codes (2, 3, 4) uint8, scale and zero (2, 1, 4) in a half type")
 
     for dtype in envelope.HALF:
         ctx.case({"n_bits": 4, "dtype": dtype, "seed": 6}, half)

@@ -212,7 +212,7 @@ def replay_calls(log: list[dict], final: list[int], prompt_len: int):
         held[model] = before + T
         if model.role == "target":
             judged.update((j, time) for j in pos)
-            known += _verdict(call, known)[1] + 1
+            known += _verdict(call, known)[2]
     return None
 
 
@@ -224,30 +224,39 @@ def _accepted_prefix(seen: dict, final: list[int], limit: int) -> int:
     return n
 
 
-def _verdict(call: dict, known: int) -> tuple[int, int]:
-    """(m, a) of a target forward after ``known`` accepted tokens: the m proposals it fed beyond them
-    (the tokens past the accepted sequence) and the a of them that agree with its own rows."""
+def _verdict(call: dict, known: int) -> tuple[int, int, int]:
+    """(m, a, g) of a target forward after ``known`` accepted tokens: the m proposals it fed beyond them
+    (the tokens past the accepted sequence), the a of them that agree with its own rows, and the g tokens
+    it settles: a + 1 when it fed the pending token (position known - 1) or went beyond it, 0 when it fed
+    accepted tokens only, all before the pending one (a prefill of the prompt but its last token, which
+    the README allows: such a forward verifies nothing and is not a round)."""
     pos, ids, logits = _positions(call), call["ids"][0].tolist(), call["logits"][0]
-    m = max(pos[-1] + 1 - known, 0)
+    if pos[-1] + 1 < known:
+        return 0, 0, 0
+    m = pos[-1] + 1 - known
     proposals = ids[len(ids) - m:] if m else []
     choices = logits[-(m + 1):].argmax(-1).tolist() if logits.shape[0] >= m + 1 else []
     a = 0
     while a < min(m, len(choices)) and proposals[a] == choices[a]:
         a += 1
-    return m, a
+    return m, a, a + 1
 
 
 def count_rounds(log: list[dict], prompt_len: int) -> dict:
-    """What the target's calls show: forwards, proposals checked per forward, agreeing-prefix lengths."""
+    """What the target's calls show: forwards, proposals checked per forward, agreeing-prefix lengths.
+
+    Every target forward counts as a forward; one that feeds accepted tokens only, short of the pending
+    one (a prefill of the prompt but its last token), checks no proposals and settles no token. A
+    forward over the whole prompt with nothing proposed checks none and settles one (the first new token)."""
     known, out = prompt_len, {"target_forwards": 0, "draft_forwards": 0, "proposed": 0, "accepted": 0, "per_forward": []}
     for call in log:
         if call["model"].role != "target":
             out["draft_forwards"] += 1
             continue
         out["target_forwards"] += 1
-        m, a = _verdict(call, known)
+        m, a, settled = _verdict(call, known)
         out["proposed"] += m
         out["accepted"] += a
         out["per_forward"].append(m)
-        known += a + 1
+        known += settled
     return out

@@ -5,6 +5,7 @@
     run         one check run against a target: a ``Result``, with the known mistakes it names
     diagnosis   which known mistakes behave like the learner's code
     report      the messages and the comparison of values
+    precision   float tolerances derived from the computation (the float64 run, the reference's own error)
     targets     what is graded: a stub, a solution, any file, a notebook's names
     plain       values and exceptions as plain data (what crosses between processes and into records)
 

@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 
-from grader.engine import report
+from grader.engine import precision, report
 from grader.engine.targets import Target
 
 UNSET = object()  # "observed" not given: a failure no known mistake can be matched against
@@ -211,7 +211,7 @@ class Ctx:
     def differential(self, example: dict, run: Callable, what: str = "") -> None:
         """Run ``run(api, example)`` on the reference and on the target; compare what they return."""
         expected = self.expected(example, run, what)
-        self.compare(example, expected, run(self.t, example), what)
+        self.compare(example, expected, run(self.t, example), what, run)
 
     def expected(self, example: dict, run: Callable, what: str = ""):
         """``run(api, example)`` on the reference (a context may remember it, or answer from a record)."""
@@ -220,9 +220,26 @@ class Ctx:
         except BaseException as exc:
             raise GraderBug(f"the reference failed on {report.describe_input(example)}: {exc!r}") from exc
 
-    def compare(self, example: dict, expected, got, what: str = "") -> None:
-        """Fail, with ``got`` as what was observed, unless it matches ``expected``."""
+    def exact(self, example: dict, run: Callable, what: str = ""):
+        """``run`` on the reference in float64, every drawn input rounded to the example's dtype first: the
+        exact result of the inputs the target got (grader.engine.precision); None where there is none."""
+        wide = precision.exact_example(example)
+        if wide is None:
+            return None
+        try:
+            with precision.rounded_inputs(example["dtype"]):
+                return run(self.ref, wide)
+        except BaseException:  # the body cannot run in float64: the floor comparison stands
+            return None
+
+    def compare(self, example: dict, expected, got, what: str = "", run: Callable | None = None) -> None:
+        """Fail, with ``got`` as what was observed, unless it matches ``expected``; where a float result misses
+        the floor and ``run`` is given, by the tolerance derived from the float64 run (grader.engine.precision)."""
         problem = report.compare(expected, got)
+        if problem and run is not None:
+            exact = self.exact(example, run, what)
+            if exact is not None:
+                problem = report.compare_derived(expected, exact, got)
         if problem:
             head = f"{what}\n  " if what else ""
             raise Failure(f"{head}on input {report.describe_input(example)}\n  {problem}", observed=got)

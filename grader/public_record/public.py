@@ -146,6 +146,10 @@ class PublicCtx(Ctx):
             raise GraderBug(STALE.format(kata=self.kata_id))
         return expected
 
+    def exact(self, example: dict, run, what: str = ""):
+        """The float64 run beside the expected value just handed out, from the record (None where there is none)."""
+        return self.cursor.exact() if self.cursor is not None else None
+
     def outcome_of(self, mistake: str, check: str, number: int, example):
         """What a known mistake did in that body on that input (as grader.engine.diagnosis.outcome says), or None."""
         found = self.tape["outcomes"].get(mistake, {}).get(entry_key(check, number, example))
@@ -171,6 +175,14 @@ class _Cursor:
             return None
         self.next_expected += 1
         return _to(copy.deepcopy(values[self.next_expected - 1]), self.ctx.device)
+
+    def exact(self):
+        """The float64 result recorded beside the last expected value, or None."""
+        values = self.entry.get("exact") or []
+        index = self.next_expected - 1
+        if not 0 <= index < len(values) or values[index] is None:
+            return None
+        return _to(copy.deepcopy(values[index]), self.ctx.device)
 
     def take(self, op: str, on, name: str, args=None) -> dict:
         """The next recorded question, which must be this one. A question asked again (a failing

@@ -81,6 +81,20 @@ class Recorder(Ctx):
 
     def differential(self, example: dict, run, what: str = "") -> None:
         self.expected(example, run, what)  # the target here is the reference: nothing to compare
+        self.exact(example, run, what)  # a handout needs it where the learner's result misses the floor
+
+    def exact(self, example: dict, run, what: str = ""):
+        """The float64 run (grader.engine.precision), written down beside the last expected value."""
+        entry, self.entry = self.entry, None
+        self.ref = self.raw_ref
+        try:
+            exact = Ctx.exact(self, example, run, what)
+        finally:
+            self.entry, self.ref = entry, _RecordingRef(self)
+        if entry is not None:
+            entry.setdefault("exact", []).extend([None] * (len(entry["expected"]) - 1 - len(entry.get("exact", []))))
+            entry["exact"].append(None if exact is None else observation(exact))
+        return exact
 
     def expected(self, example: dict, run, what: str = ""):
         """The reference's answer, written down for the handout (which replays it as ``expected``)."""

@@ -1,9 +1,9 @@
 """Protocol programs for state and aliasing, built from a kata's own calls.
 
-Each function here wraps a kata's calls, written as ``call(api, ex)`` (the form ``ctx.differential`` and
-``envelope.differential`` take), into one more program of the same form. The program runs on the
-reference and on the learner's code alike, so the comparison needs no expected value of its own: the
-reference keeps its results apart from its state, and so must the learner's.
+Each function here wraps a kata's calls, written as ``call(api, ex)`` (the form ``ctx.differential``
+takes), into one more program of the same form. The program runs on the reference and on the
+learner's code alike, so the comparison needs no expected value of its own: the reference keeps its
+results apart from its state, and so must the learner's.
 
 - :func:`kept`: a result held by the caller while the next call runs must not change
   (an object the next call refills, a view of a buffer the next call writes);

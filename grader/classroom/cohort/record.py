@@ -103,7 +103,7 @@ class RecordingCtx(Ctx):
             expected = self.expected(example, run, what)
         except GraderBug:
             return
-        self.compare(example, expected, got, what)
+        self.compare(example, expected, got, what, run)
 
 
 class _RecordingApi:

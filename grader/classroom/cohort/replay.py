@@ -158,7 +158,7 @@ class ReplayCtx(Ctx):
             raise Failure(f"{head}on input {report.describe_input(example)}\n  {UNREADABLE.format(what=unreadable)}",
                           ("opaque", unreadable))
         expected = self.expected(example, run, what)
-        self.compare(example, expected, copy.deepcopy(recorded), what)
+        self.compare(example, expected, copy.deepcopy(recorded), what, run)
 
     def expected(self, example: dict, run, what: str = ""):
         """The reference's output, from the memo while no learner's result has reached the check."""
