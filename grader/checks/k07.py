@@ -179,8 +179,8 @@ def cache_update_matches_oracle(ctx):
     # The README's warning, checked: keys stored rotated in the half type and re-rotated at every eviction
     # drift by a rounding each time; a window turned over once leaves its oldest key re-rotated 127 times.
     for dtype in envelope.HALF:
-        ctx.case({**LONG_HALF_STREAM, "dtype": dtype}, lambda c, ex: envelope.differential(
-            c, ex, lambda api, e: _stream(api, c, e), "a new SinkKVCache, a prefill that fills it, then one token "
+        ctx.case({**LONG_HALF_STREAM, "dtype": dtype}, lambda c, ex: c.differential(
+            ex, lambda api, e: _stream(api, c, e), "a new SinkKVCache, a prefill that fills it, then one token "
             "at a time until the window has turned over once: every step's (keys, values), len(cache) and "
             "tokens_seen"))
 
