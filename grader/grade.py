@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from grader import checks, manifest, render, state
-from grader.engine import CheckTimeout, Ctx, Result, hangs, report, run_check, targets, time_limit
+from grader.engine import CheckTimeout, Ctx, Result, hangs, reconcile, report, run_check, targets, time_limit
 from grader.public_record import public
 from grader.runtime import pick_device, single_thread  # noqa: F401  (grade.pick_device: the front ends' name for it)
 
@@ -55,7 +55,8 @@ def grade(kata_id: str, target: targets.Target | str = "stub", device: str = "cp
     single_thread()
     ctx, known = context(kata, target, pick_device(device), seed)
     try:
-        return [run_check(check, ctx, known if diagnose else (), timeout) for check in checks_for(kata.id)]
+        results = [run_check(check, ctx, known if diagnose else (), timeout) for check in checks_for(kata.id)]
+        return reconcile(results, ctx, known) if diagnose else results
     finally:
         hangs.restore(target)  # a function that hung is the learner's again (a notebook's, say)
 
@@ -66,11 +67,18 @@ def summary(kata: manifest.Kata, results: list[Result]) -> str:
     line = report.SUMMARY.format(kata=kata.id, passed=passed, total=len(results))
     failing = [r for r in results if not r.passed]
     if failing:
-        line += next_step(kata, [r.check.uses for r in failing])
+        line += next_step(kata, [culprit(kata, r) for r in failing])
     else:
         later = [k for k in manifest.load().values() if k.id > kata.id]
         line += report.ALL_PASS.format(next=f"pytest katas/{later[0].id}" if later else "you have done every kata")
     return line
+
+
+def culprit(kata: manifest.Kata, result: Result) -> str:
+    """The API name a failed check points at: the function of a README task whose result differed, where
+    the check knows it (a check of several functions), else the name the check exercises first."""
+    named = result.failure.culprit if result.failure is not None else None
+    return named if named and kata.task_number(named) is not None else result.check.uses
 
 
 def next_step(kata: manifest.Kata, failing: list[str]) -> str:

@@ -164,7 +164,7 @@ def get(kata_id: str) -> Kata:
 
 
 def levels() -> dict[int, str]:
-    return {1: "foundations", 2: "serving memory", 3: "systems", 4: "beyond"}
+    return {1: "foundations", 2: "serving memory", 3: "systems", 4: "beyond", 5: "the whole system"}
 
 
 def markdown_table() -> str:

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from grader import grade, manifest, render, state
-from grader.engine import Ctx, report, Result, run_check, targets
+from grader.engine import Ctx, reconcile, report, Result, run_check, targets
 
 SETTINGS = pytest.StashKey[dict]()
 RESULTS = pytest.StashKey[dict]()
+CONTEXTS = pytest.StashKey[dict]()  # kata id -> (ctx, known mistakes, results reconciled) of its file: ``final_results``
 OPTIONS = {
     # name: (default, help)
     "target": ("stub", "what to grade: stub (your file in katas/NN), solution, or a PATH (file or folder)"),
@@ -49,6 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     grade.single_thread()
     config.stash[SETTINGS] = {"target": value("target"), "device": device, "seed": seed, "timeout": timeout}
     config.stash[RESULTS] = {}
+    config.stash[CONTEXTS] = {}
     _reject_unknown_katas(config)
 
 
@@ -129,14 +131,28 @@ def pytest_report_teststatus(report, config: pytest.Config):
     return None
 
 
+def final_results(config: pytest.Config, kata_id: str) -> list[Result]:
+    """The kata's results so far, each named mistake kept only where it agrees with the learner's file on
+    every check both were graded on (grader.engine.run.reconcile); worked out again only after more ran."""
+    raw: list[Result] = config.stash[RESULTS].get(kata_id, [])
+    context = config.stash[CONTEXTS].get(kata_id)
+    if context is None:  # the file did not load: nothing was named
+        return raw
+    ctx, known, done = context
+    if done is None or len(done) != len(raw):
+        done = reconcile(raw, ctx, known)
+        config.stash[CONTEXTS][kata_id] = (ctx, known, done)
+    return done
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     by_kata: dict[str, list[Result]] = config.stash.get(RESULTS, {})
     if not by_kata:
         return
     terminalreporter.section("kata summary")
     saved = {}
-    for kata_id, results in sorted(by_kata.items()):
-        kata = manifest.get(kata_id)
+    for kata_id in sorted(by_kata):
+        kata, results = manifest.get(kata_id), final_results(config, kata_id)
         for line in render.result_lines([r for r in results if r.status == "not-implemented"]):
             terminalreporter.write_line("  " + line)
         for line in grade.not_run_lines(results):
@@ -157,6 +173,24 @@ class KataFailed(Exception):
     def __init__(self, result: Result):
         super().__init__(result.message)
         self.result = result
+
+
+class FinalMessage:
+    """A failed check's message as pytest prints it, at the end of the run: by then every check of the kata
+    has run, so the mistakes it names agree with all of them (``final_results``)."""
+
+    def __init__(self, item: "KataItem"):
+        self.item = item
+
+    def __str__(self) -> str:
+        for result in final_results(self.item.config, self.item.kata.id):
+            if result.check.id == self.item.check.id:
+                return result.message
+        return self.item.result.message
+
+    def toterminal(self, tw) -> None:
+        for line in str(self).splitlines():
+            tw.line(line)
 
 
 class KataFile(pytest.File):
@@ -187,6 +221,7 @@ class KataFile(pytest.File):
                 self._load_error = str(exc)
                 return None
             self._ctx, self.mistakes = grade.context(self.kata, target, settings["device"], settings["seed"])
+            self.config.stash[CONTEXTS][self.kata.id] = (self._ctx, self.mistakes, None)
         return self._ctx
 
 
@@ -210,7 +245,7 @@ class KataItem(pytest.Item):
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, KataFailed):
-            return excinfo.value.result.message
+            return FinalMessage(self)
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):

@@ -84,10 +84,39 @@ def test_a_mistake_in_the_first_task_is_named_while_later_tasks_are_stubs():
     kata = manifest.get("03")
     tiled = next(m for m in mistakes.catalogue("03") if m.name == "tiled repeat instead of interleave")
     body = '    raise NotImplementedError("kata 03: repeat_kv — see README, task 1")\n'
-    solved = ("    B, H, S, D = x.shape\n"
+    solved = ("    if not isinstance(x, torch.Tensor) or x.dim() != 4:\n"  # the README's validation: one bug only
+              "        raise ValueError(f'x: expected a 4-D tensor, got {x!r}')\n"
+              "    if isinstance(n_rep, bool) or not isinstance(n_rep, int) or n_rep < 1:\n"
+              "        raise ValueError(f'n_rep: expected an int of at least 1, got {n_rep!r}')\n"
+              "    B, H, S, D = x.shape\n"
               "    return x[:, None].expand(B, n_rep, H, S, D).reshape(B, H * n_rep, S, D)\n")
     stub = (manifest.REPO_ROOT / kata.stub).read_text(encoding="utf-8")
     assert stub.count(body) == 1 and tiled.edits[0][1] in solved
     target = targets.from_source(stub.replace(body, solved), "<task 1 tiled>", "task 1 tiled")
     results = {r.check.id: r for r in grade.grade("03", target)}
     assert results["repeat_kv_interleaves"].diagnoses == [tiled.name], results["repeat_kv_interleaves"].message
+
+
+def _two_bugs(kata_id: str, first: str, second: str) -> targets.Target:
+    """The reference of ``kata_id`` with the edits of two known mistakes."""
+    by_name = {m.name: m for m in mistakes.catalogue(kata_id)}
+    reference = (manifest.REPO_ROOT / manifest.get(kata_id).solution).read_text(encoding="utf-8")
+    source = by_name[second].apply(by_name[first].apply(reference))
+    return targets.from_source(source, f"<{first} and {second}>", f"{first} and {second}")
+
+
+def test_a_name_that_contradicts_another_checks_verdict_is_not_given():
+    """SPEC: a known mistake is named only when it agrees with the learner's file on every check both were
+    graded on. Unseeded draws plus new tokens one position too far: the sampling check's observation ("two
+    runs differ") matches "generator ignored" alone, but that mistake passes the greedy checks this file
+    fails, and the positions mistake passes the sampling check: neither explains the file, neither is named."""
+    target = _two_bugs("08", "generator ignored", "new tokens placed one position too far")
+    results = grade.grade("08", target)
+    assert [r.check.id for r in results if r.check.id == "greedy_matches_each_prompt_alone" and not r.passed]
+    assert not any(r.diagnoses for r in results), [(r.check.id, r.diagnoses) for r in results if r.diagnoses]
+    sampling = next(r for r in results if r.check.id == "sampling_is_reproducible")
+    assert sampling.status == "fail" and "known mistake" not in sampling.message, sampling.message
+    # Named check by check, before the verdicts were compared: so the rule above is what withheld the name.
+    ctx, known = grade.context(manifest.get("08"), target, grade.pick_device("cpu"))
+    check = next(c for c in checks.for_kata("08").all if c.id == "sampling_is_reproducible")
+    assert run_check(check, ctx, known, 60.0).diagnoses == ["generator ignored"]

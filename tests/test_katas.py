@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import IDS, KATAS, MISTAKES, ROOT, built, first_of_each_kata_fast
-from grader import checks, grade, mistakes
+from grader import checks, grade, manifest, mistakes
 from grader.checks import conformance
-from grader.engine import Result
+from grader.engine import Result, targets
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -126,6 +126,21 @@ def test_start_with_task_never_points_past_an_earlier_failing_task(kata):
     results = [Result(c, "fail") for c in [latest, earliest]]  # the later task's check fails first
     line = grade.summary(kata, results)
     assert f"start with task {_readme_number(kata, earliest.uses)}, {earliest.uses}" in line, line
+
+
+def test_start_with_task_points_at_the_function_whose_result_differed():
+    """A check of several functions (kata 04's exact_past_2_53 calls all seven) points at the one that
+    differed: a max_batch_size that rounds up fails three checks, all about that function."""
+    kata = manifest.get("04")
+    source = (ROOT / kata.solution).read_text()
+    assert source.count("    return free // per_sequence") == 1
+    target = targets.from_source(source.replace("    return free // per_sequence", "    return -(-free // per_sequence)"),
+                                 "<max_batch_size rounds up>", "max_batch_size rounds up")
+    results = grade.grade(kata.id, target, diagnose=False)
+    failing = {r.check.id for r in results if not r.passed}
+    assert "exact_past_2_53" in failing, failing
+    line = grade.summary(kata, results)
+    assert f"start with task {_readme_number(kata, 'max_batch_size')}, max_batch_size" in line, line
 
 
 def _learner_strings(path):

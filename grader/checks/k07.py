@@ -176,6 +176,13 @@ def cache_update_matches_oracle(ctx):
     envelope.run(ctx, WIDE_STREAM, ("large", "half", "strided"), lambda c, ex: c.differential(
         ex, lambda api, e: _stream(api, c, e), "a new SinkKVCache with the default rope_base, then update chunk "
         "after chunk: every step's (keys, values), len(cache) and tokens_seen"), large=LARGE_STREAM)
+    # The README's warning, checked: keys stored rotated in the half type and re-rotated at every eviction
+    # drift by a rounding each time; a window turned over once leaves its oldest key re-rotated 127 times.
+    for dtype in envelope.HALF:
+        ctx.case({**LONG_HALF_STREAM, "dtype": dtype}, lambda c, ex: c.differential(
+            ex, lambda api, e: _stream(api, c, e), "a new SinkKVCache, a prefill that fills it, then one token "
+            "at a time until the window has turned over once: every step's (keys, values), len(cache) and "
+            "tokens_seen"))
 
 
 # The envelope's base: two sinks, a window of three, the default rope_base, a prefill in two chunks and three
@@ -183,6 +190,9 @@ def cache_update_matches_oracle(ctx):
 WIDE_STREAM = {"n_sink": 2, "window": 3, "rope_base": None, "batch": 2, "heads": 2, "head_dim": 4,
                "chunks": [3, 2, 1, 1, 1], "dtype": torch.float32, "seed": 21}
 LARGE_STREAM = {"n_sink": 4, "window": 300, "batch": 1, "heads": 16, "chunks": [300, 4, 1, 1]}
+# One sink and a window of 128, filled by one prefill, then 128 evicting steps of one token (in each half type).
+LONG_HALF_STREAM = {**WIDE_STREAM, "n_sink": 1, "window": 128, "batch": 1, "heads": 2, "head_dim": 8,
+                    "chunks": [129], "then_one_at_a_time": 128}
 
 
 def _base(ex) -> dict:
@@ -191,11 +201,13 @@ def _base(ex) -> dict:
 
 
 def _stream(api, c, ex):
-    """Every update of the example's chunks through a new cache: its (keys, values), copied, and the counts."""
-    shape = (ex["batch"], ex["heads"], sum(ex["chunks"]), ex["head_dim"])
+    """Every update of the example's chunks (then ``then_one_at_a_time`` single tokens) through a new cache:
+    its (keys, values), copied, and the counts."""
+    chunks = ex["chunks"] + [1] * ex.get("then_one_at_a_time", 0)
+    shape = (ex["batch"], ex["heads"], sum(chunks), ex["head_dim"])
     K, V = (envelope.tensor(ex, ex["seed"] + j, *shape, device=c.device) for j in (0, 1))
     cache, got, seen = api.SinkKVCache(ex["n_sink"], ex["window"], **_base(ex)), {}, 0
-    for step, T in enumerate(ex["chunks"], start=1):
+    for step, T in enumerate(chunks, start=1):
         out = _snap(c.call(cache.update, K[:, :, seen:seen + T], V[:, :, seen:seen + T]))
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             c.fail(f"update returned {report.describe(out)}, expected a pair (keys, values)", ex,

@@ -15,8 +15,8 @@ modules of this package import each other directly, never through this one.
 from grader.engine.core import (UNSET, Api, Check, Checks, CheckTimeout, Ctx, Failure, GraderBug, LearnerCrash,
                                 NotImplementedYet, Result, Unrecorded, innermost_learner_function, run_body,
                                 same_draws, time_limit)
-from grader.engine.run import diagnose, explain, run_check
+from grader.engine.run import diagnose, explain, reconcile, run_check
 
 __all__ = ["UNSET", "Api", "Check", "Checks", "CheckTimeout", "Ctx", "Failure", "GraderBug", "LearnerCrash",
-           "NotImplementedYet", "Result", "Unrecorded", "diagnose", "explain", "innermost_learner_function", "run_body",
-           "run_check", "same_draws", "time_limit"]
+           "NotImplementedYet", "Result", "Unrecorded", "diagnose", "explain", "innermost_learner_function", "reconcile",
+           "run_body", "run_check", "same_draws", "time_limit"]

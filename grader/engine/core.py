@@ -39,6 +39,7 @@ class Failure(Exception):
         self.example: dict | None = None
         self.body: Callable | None = None
         self.site: int | None = None  # which forall/case call of the check failed, counting from 1
+        self.culprit: str | None = None  # the API name whose result differed, where known (grade.next_step)
 
 
 class LearnerCrash(Failure):
@@ -118,12 +119,14 @@ class Api:
 
     def __init__(self, target: Target):
         self._target = target
+        self.accessed: list[str] = []  # the names the running body has used, in order (a failure's culprit)
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
         if name not in self._target.namespace:
             raise Failure(report.MISSING_NAME.format(label=self._target.label, name=name), ("missing", name))
+        self.accessed.append(name)
         return self._target.namespace[name]
 
 
@@ -138,6 +141,7 @@ class Ctx:
         self.device = torch.device(device)
         self.seed = seed
         self.calls = 0  # forall/case calls of the running check so far
+        self.shrinks = True  # a failing forall shrinks its input (a verdict alone needs none: run.mistake_status)
         self.running: str | None = None  # the id of the running check
         # call number -> (input, None or its Failure) in the order the running check ran them, until the
         # call's first failure (what shrinking tries next is not recorded: it differs between processes)
@@ -172,7 +176,7 @@ class Ctx:
     def explore(self, strategy: st.SearchStrategy, test: Callable, max_examples: int) -> None:
         """Hypothesis runs ``test(example)`` on inputs drawn from ``strategy``, shrinks the first failure and
         raises it (a context that replays a remembered run walks it instead)."""
-        phases = (Phase.explicit, Phase.generate, Phase.shrink)
+        phases = (Phase.explicit, Phase.generate) + ((Phase.shrink,) if self.shrinks else ())
         self.hypothesis_settings(max_examples, phases)(seed(self.seed)(given(strategy)(test)))()
 
     def hypothesis_settings(self, max_examples: int, phases) -> settings:
@@ -201,6 +205,11 @@ class Ctx:
     def outcome_of(self, mistake: str, check: str, number: int, example):
         """What a known mistake did in that body on that input, when this context knows it without
         running the mistake (a record of it); ``NOT_RECORDED``: run the mistake to know."""
+        return NOT_RECORDED
+
+    def status_of(self, mistake: str, check: str):
+        """A known mistake's verdict on a whole check ("pass", "fail" or None), when this context knows it
+        without running the mistake (a record of it); ``NOT_RECORDED``: run the mistake to know."""
         return NOT_RECORDED
 
     def learner_body(self, number: int, body: Callable, check: str) -> Callable:
@@ -242,7 +251,9 @@ class Ctx:
                 problem = report.compare_derived(expected, exact, got)
         if problem:
             head = f"{what}\n  " if what else ""
-            raise Failure(f"{head}on input {report.describe_input(example)}\n  {problem}", observed=got)
+            failure = Failure(f"{head}on input {report.describe_input(example)}\n  {problem}", observed=got)
+            failure.culprit = named_first(problem, _accessed(self))  # a result keyed by its call: that call
+            raise failure
 
     def fail(self, message: str, example: dict | None = None, observed=UNSET) -> None:
         where = f"on input {report.describe_input(example)}\n  " if example is not None else ""
@@ -308,12 +319,29 @@ def same_draws():
         providers.CONSTANTS_CACHE.cache.clear()
 
 
+def _accessed(ctx: Ctx) -> list[str]:
+    return getattr(ctx.t, "accessed", None) if isinstance(getattr(ctx.t, "accessed", None), list) else []
+
+
+def named_first(text: str, names: list[str]) -> str | None:
+    """The name of ``names`` that ``text`` begins with as a call or attribute (``kv_cache_bytes(…``), else None."""
+    for name in sorted(set(names), key=len, reverse=True):
+        if text.startswith(name) and not (text[len(name):len(name) + 1].isalnum() or text[len(name):len(name) + 1] == "_"):
+            return name
+    return None
+
+
 def run_body(ctx: Ctx, body: Callable, example) -> None:
-    """Run one body on one input, classifying what the target's code did."""
+    """Run one body on one input, classifying what the target's code did. A failure's ``culprit`` is the
+    API name whose result differed where the comparison knows it, else the last name the body used."""
+    accessed = _accessed(ctx)
+    accessed.clear()
     try:
         body(ctx, example)
     except Failure as failure:
         failure.example, failure.body = example, body
+        if failure.culprit is None and accessed:
+            failure.culprit = accessed[-1]
         if isinstance(example, dict) and "on input" not in failure.message:
             failure.message = f"on input {report.describe_input(example)}\n  {failure.message}"
         raise

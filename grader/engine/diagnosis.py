@@ -228,10 +228,13 @@ def theirs(ctx: Ctx, mistake, target, check_id: str, site_number: int, body: Cal
     return _THEIRS[key]
 
 
+STATUSES: dict[tuple, str | None] = {}  # a known mistake's verdict on a whole check (grader.engine.run.reconcile)
+
+
 def forget() -> None:
-    """Drop what this process remembers (listed calls, drawn inputs, mistakes' outcomes): the
+    """Drop what this process remembers (listed calls, drawn inputs, mistakes' outcomes and verdicts): the
     project's tests start each test from nothing, so that no test's time depends on the tests before."""
-    for memory in (_LISTED, _DRAWN, _THEIRS):
+    for memory in (_LISTED, _DRAWN, _THEIRS, STATUSES):
         memory.clear()
 
 

@@ -1,12 +1,17 @@
 """Run one check: whatever the learner's code does becomes a ``Result``, and a failure names the
-known mistakes that behave like it (grader.engine.diagnosis)."""
+known mistakes that behave like it (grader.engine.diagnosis). Once a grading is over, ``reconcile``
+keeps a name only where that mistake agrees with the learner's file on every check both were graded
+on: it passes where the file passes and fails where the file fails (SPEC, "The grader")."""
 from __future__ import annotations
 
 import time
 import traceback
 
 from grader.engine import diagnosis, hangs, report
-from grader.engine.core import Check, CheckTimeout, Ctx, Failure, GraderBug, NotImplementedYet, Result, time_limit
+from grader.engine.core import (NOT_RECORDED, Check, CheckTimeout, Ctx, Failure, GraderBug, NotImplementedYet, Result,
+                                time_limit)
+
+STATUS_SECONDS = 30.0  # one check run on a known mistake, to compare its verdict with the learner's
 
 
 def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0) -> Result:
@@ -42,13 +47,58 @@ def explain(result: Result, ctx: Ctx, mistakes) -> Result:
         return result
     started = time.perf_counter()
     diagnoses = diagnose(result.failure, ctx, mistakes, result.check)
-    message = result.message
-    for mistake in diagnoses:
-        first = mistake.why.split(" ", 1)[0]
-        why = mistake.why[:1].upper() + mistake.why[1:] if first.isalpha() else mistake.why  # not "X.repeat"
-        message += "\n  " + report.DIAGNOSIS.format(name=mistake.name, why=why, hint=mistake.hint)
+    message = result.message + "".join(_line(mistake) for mistake in diagnoses)
     return Result(result.check, "fail", message, [m.name for m in diagnoses],
                   result.seconds + time.perf_counter() - started, result.failure)
+
+
+def _line(mistake) -> str:
+    """The lines ``explain`` adds to a failed check's message for one named mistake."""
+    first = mistake.why.split(" ", 1)[0]
+    why = mistake.why[:1].upper() + mistake.why[1:] if first.isalpha() else mistake.why  # not "X.repeat"
+    return "\n  " + report.DIAGNOSIS.format(name=mistake.name, why=why, hint=mistake.hint)
+
+
+def mistake_status(ctx: Ctx, mistake, target, check: Check) -> str | None:
+    """"pass" or "fail": what ``check`` says of a known mistake (a handout answers from its record); None
+    when that tells nothing (it timed out, was not started, or cannot be run here)."""
+    recorded = ctx.status_of(mistake.name, check.id)
+    if recorded is not NOT_RECORDED:
+        return recorded
+    if target is None:
+        return None
+    key = (mistake.name, target.filename, check.kata, check.id, str(ctx.device), ctx.seed)
+    if key not in diagnosis.STATUSES:  # the same every time it is asked
+        theirs = ctx.with_target(target)
+        theirs.shrinks = False
+        status = run_check(check, theirs, (), STATUS_SECONDS).status
+        diagnosis.STATUSES[key] = status if status in ("pass", "fail") else None
+    return diagnosis.STATUSES[key]
+
+
+def reconcile(results: list[Result], ctx: Ctx, mistakes) -> list[Result]:
+    """``results`` with each named mistake kept only where it agrees with the learner's file on every check
+    both were graded on (passing where the file passes, failing where it fails): a name that contradicts
+    another check's verdict names the wrong mistake, and is dropped from every result."""
+    named = {name for r in results for name in r.diagnoses}
+    if not named:
+        return results
+    known = {m.name: (m, t) for m, t in mistakes}
+    verdicts = [(r.check, r.status) for r in results if r.status in ("pass", "fail")]
+    wrong = {name for name in named if name not in known
+             or any(mistake_status(ctx, *known[name], check) not in (None, status) for check, status in verdicts)}
+    if not wrong:
+        return results
+    kept = []
+    for r in results:
+        if not wrong & set(r.diagnoses):
+            kept.append(r)
+            continue
+        message = r.message
+        for name in wrong & set(r.diagnoses):
+            message = message.replace(_line(known[name][0]), "", 1) if name in known else message
+        kept.append(Result(r.check, r.status, message, [n for n in r.diagnoses if n not in wrong], r.seconds, r.failure))
+    return kept
 
 
 def diagnose(failure: Failure, ctx: Ctx, mistakes, check: Check | None = None) -> list:

@@ -2,7 +2,8 @@
 
 The child grades the learner's file and sends one JSON line per event through a pipe, as it goes:
 ``start`` (a check begins), ``result`` (its outcome; a failure before its diagnosis), ``explained``
-(the first failure's message with the known mistakes named) and ``done``. So the watcher shows a
+(the first failure's message with the known mistakes named, once every check has run, so that a name
+agrees with all of them) and ``done``. So the watcher shows a
 failing check the moment it is known, and can stop the child at once: when a newer save arrives,
 or when a check runs past its limit and the child's own alarm could not stop it.
 
@@ -39,7 +40,7 @@ def _payload(r) -> dict:
 def grade_in_child(k: manifest.Kata, seed: int, timeout: float, first: str | None, send) -> None:
     """Grade ``k``'s file, calling ``send(event)`` for each event (see the module's docstring)."""
     from grader import grade  # here, not at the top: `kvkata` starts without loading torch
-    from grader.engine import Result, explain, report, run_check, targets
+    from grader.engine import Result, explain, reconcile, report, run_check, targets
 
     kata_checks = ordered(grade.checks_for(k.id), first)
     try:
@@ -50,7 +51,7 @@ def grade_in_child(k: manifest.Kata, seed: int, timeout: float, first: str | Non
         send({"event": "done"})
         return
     ctx, known = grade.context(k, target, grade.pick_device("cpu"), seed)
-    hung, explained = None, False
+    hung, results, failed_first = None, [], None
     for check in kata_checks:
         if hung is not None:
             send(_payload(Result(check, "not-run", STOPPED.format(check=hung.title, kata=k.id))))
@@ -58,11 +59,15 @@ def grade_in_child(k: manifest.Kata, seed: int, timeout: float, first: str | Non
         send({"event": "start", "check": check.id})
         result = run_check(check, ctx, (), timeout)
         send(_payload(result))
-        if result.status == "fail" and not explained:
-            explained, result = True, explain(result, ctx, known)
-            send({**_payload(result), "event": "explained"})
+        results.append(result)
+        if result.status == "fail" and failed_first is None:  # what its diagnosis needs of this check's run
+            failed_first = (len(results) - 1, ctx.running, ctx.seen)
         if result.status == "timeout":
             hung = check
+    if failed_first is not None:  # named once every check has run, so a name agrees with all (engine.reconcile)
+        index, ctx.running, ctx.seen = failed_first
+        results[index] = explain(results[index], ctx, known)
+        send({**_payload(reconcile(results, ctx, known)[index]), "event": "explained"})
     send({"event": "done"})
 
 

@@ -150,6 +150,13 @@ class PublicCtx(Ctx):
         """The float64 run beside the expected value just handed out, from the record (None where there is none)."""
         return self.cursor.exact() if self.cursor is not None else None
 
+    def status_of(self, mistake: str, check: str):
+        """A known mistake's verdict on a public check, from what it was recorded doing on the check's inputs."""
+        found = [did for key, did in self.tape["outcomes"].get(mistake, {}).items() if key.startswith(f"{check}/")]
+        if any(did is not None and did[0] != "pass" for did in found):
+            return "fail"
+        return "pass" if found and all(did is not None for did in found) else None
+
     def outcome_of(self, mistake: str, check: str, number: int, example):
         """What a known mistake did in that body on that input (as grader.engine.diagnosis.outcome says), or None."""
         found = self.tape["outcomes"].get(mistake, {}).get(entry_key(check, number, example))

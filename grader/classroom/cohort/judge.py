@@ -11,7 +11,7 @@ import signal
 from functools import lru_cache
 
 from grader import checks, manifest, mistakes
-from grader.engine import GraderBug, plain, report, Result, run_check, targets
+from grader.engine import Ctx, GraderBug, plain, reconcile, report, Result, run_check, targets
 from grader.classroom.cohort.replay import UNVERIFIED, NeedsLearner, ReplayCtx
 
 TAMPERED = "your code tampered with the grader ({what}); every check of this kata fails"
@@ -100,6 +100,10 @@ def results(run, settings, memo=None) -> tuple[list[Result], list[str], dict | N
     if found:
         what = report.clip("; ".join(sorted(map(str, found))), 500)
         made = [Result(r.check, "fail", TAMPERED.format(what=what)) for r in made]
+    elif any(r.diagnoses for r in made):  # a name must agree with every check's verdict (grader.engine.run)
+        ctx = Ctx(targets.Target("the submission", "<submission>", {}), _reference(kata.id), settings.device,
+                  settings.seed)
+        made = reconcile(made, ctx, mistakes.load(kata.id))
     finished = done is not None or bool(load and "error" in load)
     return made, sorted(map(str, found)), load, finished
 
