@@ -117,16 +117,16 @@ class Result:
 class Api:
     """The learner's (or the reference's) names; a missing one is a clear failure."""
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, accessed: list[str] | None = None):
         self._target = target
-        self.accessed: list[str] = []  # the names the running body has used, in order (a failure's culprit)
+        self._accessed = [] if accessed is None else accessed  # names used, in order (a failure's culprit)
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
         if name not in self._target.namespace:
             raise Failure(report.MISSING_NAME.format(label=self._target.label, name=name), ("missing", name))
-        self.accessed.append(name)
+        self._accessed.append(name)
         return self._target.namespace[name]
 
 
@@ -136,7 +136,8 @@ class Ctx:
     def __init__(self, target: Target, reference: Target, device: torch.device, seed: int = 0):
         self.target = target
         self.reference = reference
-        self.t = Api(target)
+        self.accessed: list[str] = []  # the target's names the running body used, in order (``Failure.culprit``)
+        self.t = Api(target, self.accessed)
         self.ref = Api(reference)
         self.device = torch.device(device)
         self.seed = seed
@@ -252,7 +253,7 @@ class Ctx:
         if problem:
             head = f"{what}\n  " if what else ""
             failure = Failure(f"{head}on input {report.describe_input(example)}\n  {problem}", observed=got)
-            failure.culprit = named_first(problem, _accessed(self))  # a result keyed by its call: that call
+            failure.culprit = named_first(problem, self.accessed)  # a result keyed by its call: that call
             raise failure
 
     def fail(self, message: str, example: dict | None = None, observed=UNSET) -> None:
@@ -319,10 +320,6 @@ def same_draws():
         providers.CONSTANTS_CACHE.cache.clear()
 
 
-def _accessed(ctx: Ctx) -> list[str]:
-    return getattr(ctx.t, "accessed", None) if isinstance(getattr(ctx.t, "accessed", None), list) else []
-
-
 def named_first(text: str, names: list[str]) -> str | None:
     """The name of ``names`` that ``text`` begins with as a call or attribute (``kv_cache_bytes(…``), else None."""
     for name in sorted(set(names), key=len, reverse=True):
@@ -334,14 +331,13 @@ def named_first(text: str, names: list[str]) -> str | None:
 def run_body(ctx: Ctx, body: Callable, example) -> None:
     """Run one body on one input, classifying what the target's code did. A failure's ``culprit`` is the
     API name whose result differed where the comparison knows it, else the last name the body used."""
-    accessed = _accessed(ctx)
-    accessed.clear()
+    ctx.accessed.clear()
     try:
         body(ctx, example)
     except Failure as failure:
         failure.example, failure.body = example, body
-        if failure.culprit is None and accessed:
-            failure.culprit = accessed[-1]
+        if failure.culprit is None and ctx.accessed:
+            failure.culprit = ctx.accessed[-1]
         if isinstance(example, dict) and "on input" not in failure.message:
             failure.message = f"on input {report.describe_input(example)}\n  {failure.message}"
         raise
