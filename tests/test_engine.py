@@ -26,6 +26,62 @@ def test_a_float_tensor_matches_within_its_dtypes_rounding_and_not_beyond(dtype,
     assert problem and "differs" in problem and "tolerance" in problem, problem
 
 
+# -- the tolerance derived from the computation (grader.engine.precision) ----------------------------------
+def _narrow_run(error: float):
+    """A ``run`` whose float32 result errs by ``error`` where the float64 run is exact: the reference of an
+    ill-conditioned input (its error in float32 is ``error``), and the values a target returns."""
+    exact = torch.linspace(90, 92, 8, dtype=torch.float64)
+
+    def run(api, ex):
+        if ex["dtype"] == torch.float64:
+            assert ex["rounded"] == torch.float32  # the float64 run knows which dtype to round its inputs to
+            return {"out": exact.clone()}
+        return {"out": (exact + api.shift(error)).to(torch.float32)}
+    return run
+
+
+def _ctx(shift_target, shift_reference):
+    return Ctx(targets.Target("t", "<t>", {"shift": shift_target}), targets.Target("r", "<r>", {"shift": shift_reference}),
+               "cpu")
+
+
+def test_an_ill_conditioned_input_widens_the_tolerance_by_the_references_own_error():
+    """The reference errs by 0.03 on values near 91 (float32's floor there is about 0.009): a correct file in
+    another order errs by 0.05 and passes; one that errs by far more than 8 × 0.03 fails, saying why."""
+    example = {"dtype": torch.float32}
+    ctx = _ctx(lambda e: -0.05, lambda e: e)
+    ctx.differential(example, _narrow_run(0.03))  # no Failure
+    ctx = _ctx(lambda e: 0.5, lambda e: e)
+    with pytest.raises(Failure) as caught:
+        ctx.differential(example, _narrow_run(0.03))
+    assert "careful float32 computation" in caught.value.message and "8 × 0.03" in caught.value.message, caught.value.message
+
+
+def test_a_well_conditioned_input_keeps_the_floor():
+    """Where the reference is exact, nothing widens: an error of 0.05 on values near 91 fails (a file computing
+    in a narrower dtype than its README asks)."""
+    ctx = _ctx(lambda e: 0.05, lambda e: 0.0)
+    with pytest.raises(Failure) as caught:
+        ctx.differential({"dtype": torch.float32}, _narrow_run(0.0))
+    assert "differs" in caught.value.message
+
+
+def test_the_float64_run_sees_the_inputs_rounded_to_the_examples_dtype():
+    from grader.checks.support.common import randn
+
+    seen = {}
+
+    def run(api, ex):
+        seen[ex["dtype"]] = randn(5, 7, dtype=ex["dtype"])
+        return {"x": seen[ex["dtype"]].sum()}
+    ctx = _ctx(None, None)
+    assert ctx.exact({"dtype": torch.float32}, run) is not None
+    ctx.expected({"dtype": torch.float32}, run)
+    assert seen[torch.float64].dtype == torch.float64
+    assert torch.equal(seen[torch.float64], seen[torch.float32].double())
+    assert not torch.equal(randn(5, 7), seen[torch.float32].double())  # outside the float64 run: not rounded
+
+
 def test_a_tensor_diff_names_the_first_bad_index_and_counts_the_wrong_entries():
     expected = torch.zeros(3, 4)
     got = expected.clone()
