@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.k15_rows import cu, row
+from grader.checks.k15_rows import cu, fields, row
 from grader.checks.support.common import expect_value_error, randn
 from grader.checks.support.models import successor_model
 
@@ -37,7 +37,8 @@ def bad_pack(c, ex):
         ("pack with seq_ids [7, 8, 9] for 2 sequences", (seqs, None, [7, 8, 9]), {}, "seq_ids"),
         ("pack with seq_ids [7, 7] (the same id twice)", (seqs, None, [7, 7]), {}, "seq_ids"),
     ])
-    c.t.pack([[0]], [0], ["only"])  # the boundaries: token id 0, past length 0, one sequence of one token
+    # the boundaries: token id 0, past length 0, one sequence of one token (read as plain data, as every Packed is)
+    c.differential(ex, lambda api, e: fields(api.pack([[0]], [0], ["only"])), "pack([[0]], [0], ['only'])")
 
 
 def _offsets(values: list[int]) -> torch.Tensor:
