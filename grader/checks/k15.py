@@ -196,6 +196,11 @@ def rows_are_packed(ctx):
         problem = row_problem(model.calls, prompts, tokens)
         if problem:
             c.fail(problem[0], ex, problem[1])
+        cache = model.calls[-1]["cache"] if model.calls else None
+        held = [cache.seq_len(i) for i in range(len(prompts))] if hasattr(cache, "seq_len") else []
+        if any(held):
+            c.fail(f"after every sequence finished, the cache still holds {held} tokens for the prompts 0 … "
+                   f"{len(prompts) - 1} (their seq_ids); free each sequence when it finishes", ex, ("not freed", tuple(held)))
 
     ctx.case({"lengths": [4, 2, 6], "max_new_tokens": 5, "eos": True, "seed": 5}, body)
     ctx.case({"lengths": [2, 3], "max_new_tokens": 4, "seed": 6}, body)

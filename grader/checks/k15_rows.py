@@ -72,6 +72,11 @@ def fields(packed) -> dict:
     out = {name: getattr(packed, name) for name in FIELDS}
     out["seq_ids"] = list(out["seq_ids"]) if isinstance(out["seq_ids"], (tuple, list)) else out["seq_ids"]
     out["seq_ids is a tuple"] = isinstance(getattr(packed, "seq_ids"), tuple)
+    try:  # a frozen dataclass: the row cannot be changed behind the caller's back
+        setattr(packed, "seq_ids", getattr(packed, "seq_ids"))
+        out["frozen"] = False
+    except AttributeError:
+        out["frozen"] = True
     for name in ("max_seqlen_q", "max_seqlen_k"):  # Python ints, as FlashAttention takes them
         out[f"{name} is an int"] = isinstance(out[name], int) and not isinstance(out[name], bool)
     return out

@@ -71,6 +71,8 @@ def varlen_mask(cu_seqlens_q, cu_seqlens_k, device=None) -> torch.Tensor:
 
 
 def _check_attention_args(q, k, v, max_seqlen_q, max_seqlen_k, causal, scale) -> None:
+    """ValueError naming the argument: q, k, v not 3-D, v not shaped like k, k's width or head count not
+    fitting q's, a max_seqlen that is not an int, causal not a bool, scale not None or a number > 0."""
     raise NotImplementedError("kata 15: _check_attention_args — see README, task 2")
 
 
@@ -114,6 +116,8 @@ class PackedKVCache:
 
 
 def _check_generate_args(model, prompts, max_new_tokens, eos_token_id) -> None:
+    """ValueError naming the argument: prompts not a list of non-empty lists of ids of the vocabulary,
+    max_new_tokens not an int >= 0, eos_token_id neither None nor an id of the vocabulary."""
     raise NotImplementedError("kata 15: _check_generate_args — see README, task 4")
 
 

@@ -112,6 +112,8 @@ def varlen_mask(cu_seqlens_q, cu_seqlens_k, device=None) -> torch.Tensor:
 
 
 def _check_attention_args(q, k, v, max_seqlen_q, max_seqlen_k, causal, scale) -> None:
+    """ValueError naming the argument: q, k, v not 3-D, v not shaped like k, k's width or head count not
+    fitting q's, a max_seqlen that is not an int, causal not a bool, scale not None or a number > 0."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 3:
             raise ValueError(f"{name}: expected a 3-D tensor (tokens, heads, head_dim), got {x!r}")
@@ -225,6 +227,8 @@ class PackedKVCache:
 
 
 def _check_generate_args(model, prompts, max_new_tokens, eos_token_id) -> None:
+    """ValueError naming the argument: prompts not a list of non-empty lists of ids of the vocabulary,
+    max_new_tokens not an int >= 0, eos_token_id neither None nor an id of the vocabulary."""
     vocab = model.config.vocab_size
     if not isinstance(prompts, (list, tuple)) or any(
             not isinstance(p, (list, tuple)) or not p
