@@ -87,7 +87,7 @@ def bad_attention(c, ex):
         return tuple(value if j == i else a for j, a in enumerate(ok))
     _refused(c, ex, c.t.varlen_attention, [
         ("q 2-D", change(0, q[:, 0]), {}, "q"), ("q 4-D", change(0, q[None]), {}, "q"),
-        ("k 2-D", change(1, k[:, 0]), {}, "k"), ("v 4-D", change(2, v[None]), {}, "v"),
+        ("v 4-D", change(2, v[None]), {}, "v"),
         ("v of 6 tokens for k of 7", change(2, v[:6]), {}, "v"),
         ("v of 8 tokens for k of 7", change(2, randn(3, 8, 2, 8)), {}, "v"),
         ("k and v with 2 KV heads for 3 query heads", (randn(1, 4, 3, 8), k, v, *ok[3:]), {}, "k"),
@@ -109,6 +109,8 @@ def bad_attention(c, ex):
         ("scale=0", ok, {"scale": 0.0}, "scale"), ("scale=-0.5", ok, {"scale": -0.5}, "scale"),
         ("scale='0.5' (a string)", ok, {"scale": "0.5"}, "scale"),
     ])
+    expect_value_error(c, c.t.varlen_attention, q, k[:, 0], v[:, 0], *ok[3:], what="k and v 2-D", names=("k", "v"),
+                       example=ex)
     for accepted in (ok, change(5, 100), change(6, 100)):  # the exact maxima, and any above them
         c.t.varlen_attention(*accepted)
     c.t.varlen_attention(q, k[:4], v[:4], cu_q, cu([2, 2]), 3, 2, causal=False)  # not causal: fewer keys is fine
@@ -126,7 +128,7 @@ def bad_cache(c, ex):
     _refused(c, ex, cache.update, [
         ("update of layer -1", (-1, one, one.clone()), {}, "layer"),
         ("update of layer '0' (a string)", ("0", one, one.clone()), {}, "layer"),
-        ("update with k 3-D", (0, one[0], one.clone()), {}, "k"),
+        ("update with k and v 3-D", (0, one[0], one[0].clone()), {}, "k"),
         ("update with k 5-D", (0, one[..., None], one[..., None].clone()), {}, "k"),
         ("update with k of batch 2", (0, torch.cat([one, one]), torch.cat([one, one])), {}, "k"),
         ("update with k of 2 tokens for a row of 1", (0, k[:, :, :2], k[:, :, :2].clone()), {}, "k"),
