@@ -48,13 +48,13 @@ TINY_SEQ2SEQ = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hid
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
 
 
-def tiny_seq2seq(seed: int, device, cross_attention: type, **overrides) -> Seq2Seq:
-    """A seeded float64 encoder–decoder (``TINY_SEQ2SEQ``, fields replaced by ``overrides``) whose cross-attention
-    slots are ``cross_attention``. Each weight is drawn from the seed and its parameter name, so any class whose
+def tiny_seq2seq(seed: int, device, cross_attention: type, cls=Seq2Seq, **overrides) -> Seq2Seq:
+    """A seeded float64 encoder–decoder (``TINY_SEQ2SEQ``, fields replaced by ``overrides``), built as ``cls``,
+    whose cross-attention slots are ``cross_attention``. Each weight is drawn from the seed and its parameter name, so any class whose
     ``wq, wk, wv, wo`` have the expected shapes gets the same weights; a missing or misshapen one is a Failure."""
     config = Seq2SeqConfig(**{**TINY_SEQ2SEQ, **overrides})
     with torch.random.fork_rng(devices=[]):  # the default init is overwritten; keep the global RNG untouched
-        model = Seq2Seq(config, cross_attention)
+        model = cls(config, cross_attention)
     inner = config.num_attention_heads * config.head_dim
     kv = config.num_key_value_heads * config.head_dim
     shapes = {"wq": (inner, config.hidden_size), "wk": (kv, config.hidden_size), "wv": (kv, config.hidden_size),
