@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.support import envelope
+from grader.checks.support import envelope, protocol
 from grader.checks.support.common import DTYPES, SEEDS, named, randn
 
 
@@ -81,10 +81,11 @@ class Driver:
 def run_program(api, ex: dict) -> dict:
     """The program on ``api``'s cache: every call's result and the whole state after it."""
     cache, driver, seen = api.EncoderDecoderKVCache(), Driver(ex), {}
-    seen["a fresh cache"] = _state(cache, ex["layers"])
+    seen["a fresh cache"] = protocol.snapshot(_state(cache, ex["layers"]))
     for step, op in enumerate(ex["ops"]):
         what, result = driver.step(cache, step, op, ex["device"])
-        seen[f"step {step + 1}: {what}"] = {"returned": result, **_state(cache, ex["layers"])}
+        # copied at once: a cache may return views of its storage, valid until its next change (SPEC)
+        seen[f"step {step + 1}: {what}"] = protocol.snapshot({"returned": result, **_state(cache, ex["layers"])})
     return seen
 
 
