@@ -90,6 +90,7 @@ def cross_attention_matches_the_reference(ctx):
             "mask": True, "pads": [0, 2], "dtype": torch.float64, "seed": 3}
     ctx.case(base, body)
     ctx.case({**base, "kv_heads": None, "mask": False, "lengths": [1, 1], "layer": 0, "seed": 5}, body)
+    ctx.case({**base, "layer": None, "seed": 6}, body)  # layer not given: forward's default, 0
     ctx.forall(attention_examples(), body, max_examples=12)
     envelope.run(ctx, base, ("large", "half", "strided", "magnitude"), body,
                  large={"heads": 16, "kv_heads": 4, "src": 300, "pads": [0, 37], "lengths": [5, 1]})
@@ -128,13 +129,22 @@ def cross_attention_rejects_bad_input(ctx):
                                   lambda: c.t.CrossAttention(16, 4, 8), "n_kv_heads")):
             expect_value_error_soon(c, make, x, what, (name,), ex)
         mask = torch.ones(2, 5, dtype=torch.bool, device=c.device)
+        wide, more = torch.cat([x, x], -1), torch.cat([enc, enc[:1]])  # width 32; encoder_out of batch 3
         for what, args, name in (("a 2-D x", (x[0], enc), "x"), ("x of width 8 for 16", (x[..., :8], enc), "x"),
+                                 ("x of width 32 for 16", (wide, enc), "x"), ("a 4-D x", (x[None], enc), "x"),
                                  ("encoder_out of batch 1 for x's 2", (x, enc[:1]), "encoder_out"),
+                                 ("encoder_out of batch 3 for x's 2", (x, more), "encoder_out"),
                                  ("encoder_out of width 8", (x, enc[..., :8]), "encoder_out"),
+                                 ("encoder_out of width 32", (x, torch.cat([enc, enc], -1)), "encoder_out"),
                                  ("a 2-D encoder_out", (x, enc[0]), "encoder_out"),
+                                 ("a 4-D encoder_out", (x, enc[None]), "encoder_out"),
                                  ("encoder_out of 0 frames", (x, enc[:, :0]), "encoder_out"),
                                  ("encoder_mask of 4 frames for 5", (x, enc, None, 0, mask[:, :4]), "encoder_mask"),
+                                 ("encoder_mask of 6 frames for 5",
+                                  (x, enc, None, 0, torch.cat([mask, mask[:, :1]], 1)), "encoder_mask"),
                                  ("encoder_mask of batch 1 for 2", (x, enc, None, 0, mask[:1]), "encoder_mask"),
+                                 ("encoder_mask of batch 3 for 2", (x, enc, None, 0, torch.cat([mask, mask[:1]])),
+                                  "encoder_mask"),
                                  ("an integer encoder_mask", (x, enc, None, 0, mask.long()), "encoder_mask"),
                                  ("an encoder_mask whose row 1 hides every frame",
                                   (x, enc, None, 0, torch.stack([mask[0], ~mask[1]])), "encoder_mask")):
@@ -178,6 +188,7 @@ def encoder_and_projections_run_once(ctx):
         if len(model.encodes) != 1:
             c.fail(f"model.encode ran {len(model.encodes)} times for one call; the encoder output does not change "
                    "while the decoder generates, so it runs once", ex, ("encodes", len(model.encodes)))
+        _fed_to_the_encoder(c, ex, model.encodes[0])
         for layer, seen in enumerate(rows):
             if seen["wk"] != B * width or seen["wv"] != B * width:
                 c.fail(f"decoder layer {layer}'s cross-attention wk and wv took {seen['wk']} and {seen['wv']} rows "
@@ -186,7 +197,24 @@ def encoder_and_projections_run_once(ctx):
                        "from the cache afterwards", ex, ("projected rows", layer, seen["wk"], seen["wv"]))
 
     ctx.case({"sources": [[5, 6, 7, 8, 9], [1, 2]], "max_new_tokens": 5, "start": 1, "seed": 3}, body)
+    ctx.case({"sources": [[5, 6, 7], [1], [8, 9]], "max_new_tokens": 3, "start": 2, "pad": 47, "seed": 5}, body)
     ctx.forall(runs(max_new=(2, 6)), body, max_examples=3)
+
+
+def _fed_to_the_encoder(c, ex: dict, call: dict) -> None:
+    """The encoder's src holds each source in order where the mask is True, the pad id (0 by default) elsewhere."""
+    src, mask, pad = call["src"], call["mask"], ex.get("pad", 0)
+    width = max(len(s) for s in ex["sources"])
+    if mask is None or mask.dtype != torch.bool or tuple(mask.shape) != (len(ex["sources"]), width):
+        c.fail(f"model.encode got mask {None if mask is None else (tuple(mask.shape), mask.dtype)}; expected a bool "
+               f"({len(ex['sources'])}, {width}) mask, True on each source's tokens", ex, ("encoder mask",))
+    for b, source in enumerate(ex["sources"]):
+        row = src[b].tolist()
+        real = [t for t, m in zip(row, mask[b].tolist()) if m]
+        pads = [t for t, m in zip(row, mask[b].tolist()) if not m]
+        if real != source or any(t != pad for t in pads):
+            c.fail(f"row {b} fed to the encoder is {row} with mask {mask[b].int().tolist()}; expected source {source} "
+                   f"where the mask is 1 and the pad id {pad} elsewhere", ex, ("encoder src", b))
 
 
 @contextmanager
@@ -360,7 +388,9 @@ def _device_scenario(s):
     s.call("set_cross(0, k, v) with 5 frames", cache.set_cross, 0, kv[2], kv[3])
     cache.crop(2)
     cache.reorder(s.put(torch.tensor([1, 0])))
-    s.call("update(0, k, v) after crop(2) and reorder", cache.update, 0, kv[4], kv[5])
+    s.running("reorder(tensor([0, 1])) with the index on the CPU (any device is valid)")
+    cache.reorder(torch.tensor([0, 1]))
+    s.call("update(0, k, v) after crop(2) and two reorders", cache.update, 0, kv[4], kv[5])
     s.call("cross(0) after reorder", cache.cross, 0)
     config = Seq2SeqConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                            num_encoder_layers=1, num_attention_heads=2, num_key_value_heads=1)

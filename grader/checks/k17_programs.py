@@ -33,6 +33,7 @@ def _state(cache, layers: int) -> dict:
     return {"seq_len(layer) of every layer": [cache.seq_len(layer) for layer in range(layers)],
             "cross_len(layer) of every layer": [cache.cross_len(layer) for layer in range(layers)],
             "cross(layer) of every layer": [_cross(cache.cross(layer)) for layer in range(layers)],
+            "seq_len() and cross_len() (layer 0 by default)": [cache.seq_len(), cache.cross_len()],
             "nbytes()": cache.nbytes()}
 
 
@@ -118,6 +119,7 @@ def bad_calls(cache, k: torch.Tensor, kc: torch.Tensor, wide: torch.Tensor) -> l
         ("update('0', k, v)", lambda: cache.update("0", k, v), ("layer",)),
         ("update(0, k, v) with a 3-D k", lambda: cache.update(0, k[0], v[0]), ("k",)),
         ("update(0, k, v) with a 5-D k", lambda: cache.update(0, k[None], v[None]), ("k",)),
+        ("update(2, k, v) (a layer not seen yet) with a 5-D k", lambda: cache.update(2, k[None], v[None]), ("k",)),
         ("update(0, k, v) with k a list", lambda: cache.update(0, k.tolist(), v), ("k",)),
         ("update(0, k, None)", lambda: cache.update(0, k, None), ("v",)),
         ("update(0, k, v) with v one token shorter", lambda: cache.update(0, k, v[:, :, :-1]), ("v",)),
@@ -134,6 +136,7 @@ def bad_calls(cache, k: torch.Tensor, kc: torch.Tensor, wide: torch.Tensor) -> l
          ("layer",)),
         ("set_cross(-1, k, v)", lambda: cache.set_cross(-1, kc, kc.clone()), ("layer",)),
         ("set_cross(1, k, v) with a 3-D k", lambda: cache.set_cross(1, kc[0], kc[0]), ("k",)),
+        ("set_cross(1, k, v) with a 5-D k", lambda: cache.set_cross(1, kc[None], kc[None]), ("k",)),
         ("set_cross(1, k, v) with v of other frames", lambda: cache.set_cross(1, kc, kc[:, :, :-1]), ("v",)),
         ("set_cross(1, k, v) with batch 2 for the cache's 1", lambda: cache.set_cross(1, wide, wide), ("k",)),
         ("cross(-1)", lambda: cache.cross(-1), ("layer",)),

@@ -38,11 +38,15 @@ def attention_examples(draw):
 
 
 class PlainCross:
-    """A cache with only ``cross`` and ``set_cross`` (dict-backed); notes each ``set_cross`` call."""
+    """A cache with only ``cross`` and ``set_cross`` (dict-backed); notes each ``set_cross`` call. Like Hugging
+    Face's caches it has a length (the layers it holds), so an empty one is falsy: test ``cache is None``."""
 
     def __init__(self):
         self.held: dict = {}
         self.calls: list = []
+
+    def __len__(self):
+        return len(self.held)
 
     def cross(self, layer):
         return self.held.get(layer)
@@ -84,12 +88,13 @@ def attention_run(api, ex: dict) -> dict:
     layer = build_layer(api, ex, device)
     x, enc, mask = attention_inputs(ex, device)
     cache, seen, start = PlainCross(), {}, 0
+    given = {} if ex["layer"] is None else {"layer": ex["layer"]}  # None: forward's default, layer 0
     for n in ex["lengths"]:
         what = f"output for decoder tokens {start}…{start + n - 1}, cache holding {'nothing' if not start else 'K, V'}"
-        seen[what] = layer(x[:, start:start + n], enc, cache, ex["layer"], mask)
+        seen[what] = layer(x[:, start:start + n], enc, cache, encoder_mask=mask, **given)
         start += n
     seen["set_cross calls (layer, shape of k)"] = list(cache.calls)
-    seen["the K, V handed to set_cross"] = named(cache.held.get(ex["layer"]))
+    seen["the K, V handed to set_cross"] = named(cache.held.get(ex["layer"] or 0))
     seen["output of one uncached call over every token (cache=None)"] = layer(x, enc, None, ex["layer"], mask)
     return seen
 
@@ -161,8 +166,9 @@ def generate(c, ex: dict, model=None, eos=None):
     """The learner's generate_seq2seq on ``model`` (a fresh Spy by default): (model, tokens)."""
     model = spy_model(c, ex) if model is None else model
     sources = [list(s) for s in ex["sources"]]
+    pad = {"pad_token_id": ex["pad"]} if "pad" in ex else {}  # otherwise the default, 0
     got = c.t.generate_seq2seq(model, sources, ex["max_new_tokens"], decoder_start_token_id=ex["start"],
-                               eos_token_id=ex.get("eos", eos), pad_token_id=ex.get("pad", 0))
+                               eos_token_id=ex.get("eos", eos), **pad)
     if sources != ex["sources"]:
         c.fail(f"generate_seq2seq changed the caller's sources: {ex['sources']} became {sources}", ex,
                ("sources changed",))
