@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grader.nn import LlamaAttention, LlamaConfig, LlamaMLP, RMSNorm, rope_cos_sin, rope_inv_freq
+from grader.nn import LlamaAttention, LlamaConfig, LlamaMLP, RMSNorm, attend, rope_cos_sin, rope_inv_freq
 
 
 @dataclass
@@ -22,6 +22,30 @@ class Seq2SeqConfig(LlamaConfig):
     """A Llama config (the decoder's and the encoder's widths and heads) plus the encoder's depth."""
 
     num_encoder_layers: int = 2
+
+
+class CrossAttentionBlock(nn.Module):
+    """The model's own cross-attention: ``wq, wk, wv, wo``; K and V projected from the encoder output at every
+    call (it caches nothing, so it ignores ``cache``); no RoPE, no causal mask, padded frames hidden. The
+    checks' oracle for uncached decoding, and the slot's default."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None):
+        super().__init__()
+        self.n_heads, self.n_kv = n_heads, n_kv_heads or n_heads
+        self.head_dim = d_model // n_heads
+        self.wq = nn.Linear(d_model, d_model, bias=False)
+        self.wk = nn.Linear(d_model, self.n_kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(d_model, self.n_kv * self.head_dim, bias=False)
+        self.wo = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x, encoder_out, cache=None, layer: int = 0, encoder_mask=None) -> torch.Tensor:
+        (B, T, _), S = x.shape, encoder_out.shape[1]
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
+        k = self.wk(encoder_out).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
+        v = self.wv(encoder_out).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
+        seen = torch.ones(B, S, dtype=torch.bool, device=x.device) if encoder_mask is None else encoder_mask
+        out = attend(q, k, v, seen[:, None, None, :].expand(B, 1, T, S))  # (B, Hq, T, D): an explicit mask, never causal
+        return self.wo(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))  # (B, T, d)
 
 
 class EncoderLayer(nn.Module):
@@ -59,7 +83,7 @@ class Seq2Seq(nn.Module):
     per step. The decoder's self-attention hands its new keys and values to ``cache.update(layer, k, v)``;
     the cross-attention slot receives the same ``cache`` and its ``layer``."""
 
-    def __init__(self, config: Seq2SeqConfig, cross_attention: type):
+    def __init__(self, config: Seq2SeqConfig, cross_attention: type = CrossAttentionBlock):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)  # shared by both sides

@@ -18,7 +18,7 @@ from grader.checks.support.common import (count_rows, expect_no_bias, expect_val
                                           randn, tiny_seq2seq)
 from grader.checks.k17_programs import bad_calls, cache_step, new_cache, programs, run_program
 from grader.checks.k17_runs import (Counting, attention_examples, attention_run, build_layer, counted, generate,
-                                    projection_rows, runs, spy_model, tokens_of, verify)
+                                    greedy_alone, projection_rows, runs, spy_model, tokens_of, truth_model, verify)
 from grader.engine import Checks
 from grader.seq2seq import Seq2Seq, Seq2SeqConfig
 
@@ -137,7 +137,7 @@ def cross_attention_rejects_bad_input(ctx):
                                  ("encoder_out of width 8", (x, enc[..., :8]), "encoder_out"),
                                  ("encoder_out of width 32", (x, torch.cat([enc, enc], -1)), "encoder_out"),
                                  ("a 2-D encoder_out", (x, enc[0]), "encoder_out"),
-                                 ("a 4-D encoder_out", (x, enc[None]), "encoder_out"),
+                                 ("a 4-D encoder_out", (x, enc[:, None]), "encoder_out"),
                                  ("encoder_out of 0 frames", (x, enc[:, :0]), "encoder_out"),
                                  ("encoder_mask of 4 frames for 5", (x, enc, None, 0, mask[:, :4]), "encoder_mask"),
                                  ("encoder_mask of 6 frames for 5",
@@ -282,10 +282,9 @@ def eos_stops_and_is_kept(ctx):
 
 
 def tiny_seq2seq_truth(c, ex):
-    """Each source's greedy tokens alone, by the reference (to pick an EOS that some row meets)."""
-    model = tiny_seq2seq(ex["seed"], c.device, c.ref.CrossAttention)
-    return [c.ref.generate_seq2seq(model, [s], ex["max_new_tokens"], decoder_start_token_id=ex["start"])[0]
-            for s in ex["sources"]]
+    """Each source's greedy tokens alone, uncached (to pick an EOS that some row meets)."""
+    model = truth_model(ex, c.device)
+    return [greedy_alone(model, s, ex["start"], ex["max_new_tokens"]) for s in ex["sources"]]
 
 
 @CHECKS.add("generate_seq2seq: max_new_tokens 0 gives empty rows without running the model; one-frame sources",

@@ -19,7 +19,7 @@ from grader.checks.support import envelope
 from grader.checks.support.common import SEEDS, count_rows, load_linears, named, tiny_seq2seq
 from grader.checks.support.models import TIE
 from grader.engine import Failure, report
-from grader.seq2seq import Seq2Seq
+from grader.seq2seq import CrossAttentionBlock, Seq2Seq
 
 PROJECTIONS = ("wq", "wk", "wv", "wo")
 
@@ -39,14 +39,15 @@ def attention_examples(draw):
 
 class PlainCross:
     """A cache with only ``cross`` and ``set_cross`` (dict-backed); notes each ``set_cross`` call. Like Hugging
-    Face's caches it has a length (the layers it holds), so an empty one is falsy: test ``cache is None``."""
+    Face's encoder–decoder cache it has a length, that of its self part, which this one lacks: it is always 0, so
+    the cache is always false (test ``cache is None``)."""
 
     def __init__(self):
         self.held: dict = {}
         self.calls: list = []
 
     def __len__(self):
-        return len(self.held)
+        return 0
 
     def cross(self, layer):
         return self.held.get(layer)
@@ -175,6 +176,22 @@ def generate(c, ex: dict, model=None, eos=None):
     return model, tokens_of(c, got, ex)
 
 
+def truth_model(ex: dict, device) -> Seq2Seq:
+    """The example's model with the grader's own uncached cross-attention: the same weights, by name."""
+    return tiny_seq2seq(ex["seed"], device, CrossAttentionBlock, **ex.get("model", {}))
+
+
+@torch.no_grad()
+def greedy_alone(model, source: list[int], start: int, n: int) -> list[int]:
+    """``n`` greedy tokens of ``source`` alone: the encoder on it unpadded, plain uncached decoder forwards."""
+    enc = model.encode(torch.tensor([source], device=model.device))  # (1, S_enc, d)
+    row = []
+    for i in range(n):
+        ids = torch.tensor([[start] + row], device=model.device)  # (1, i + 1)
+        row.append(int(model.decode(ids, torch.arange(i + 1, device=model.device)[None], enc)[0, -1].argmax()))
+    return row
+
+
 @torch.no_grad()
 def first_wrong(model, source: list[int], start: int, row: list[int], eos=None, tie: float = TIE):
     """The first token of ``row`` that greedy decoding of ``source`` alone (uncached, unpadded) would not give:
@@ -195,7 +212,7 @@ def first_wrong(model, source: list[int], start: int, row: list[int], eos=None, 
 
 def verify(c, ex: dict, tokens: list[list[int]], eos=None) -> None:
     """Each row against its source decoded alone by the reference model: right tokens, the right length."""
-    truth = tiny_seq2seq(ex["seed"], c.device, c.ref.CrossAttention, **ex.get("model", {}))
+    truth = truth_model(ex, c.device)
     eos = ex.get("eos", eos)
     for b, (source, row) in enumerate(zip(ex["sources"], tokens)):
         wrong = first_wrong(truth, source, ex["start"], row, eos)
