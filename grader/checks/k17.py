@@ -9,18 +9,16 @@ reference over chunkings of decoder tokens and padded sources, while hooks count
 """
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
-
 import torch
 
 from grader.checks.support import devices, envelope, protocol
-from grader.checks.support.common import (count_rows, expect_no_bias, expect_value_error, expect_value_error_soon,
-                                          randn, tiny_seq2seq)
+from grader.checks.support.common import expect_no_bias, expect_value_error, expect_value_error_soon, randn
+from grader.checks.k17_inputs import (bad_forward_calls, bad_generate_calls, bad_sizes, cross_projections,
+                                      device_scenario, fed_to_the_encoder, model_for, truth_tokens)
 from grader.checks.k17_programs import bad_calls, cache_step, new_cache, programs, run_program
 from grader.checks.k17_runs import (Counting, attention_examples, attention_run, build_layer, counted, generate,
-                                    greedy_alone, projection_rows, runs, spy_model, tokens_of, truth_model, verify)
+                                    projection_rows, runs, spy_model, tokens_of, verify)
 from grader.engine import Checks
-from grader.seq2seq import Seq2Seq, Seq2SeqConfig
 
 CHECKS = Checks("17")
 
@@ -117,37 +115,10 @@ def cross_attention_rejects_bad_input(ctx):
         expect_no_bias(c, ok, ex)
         x = randn(1, 2, 3, 16, device=c.device)
         enc = randn(2, 2, 5, 16, device=c.device)
-        for what, make, name in (("CrossAttention(0, 4)", lambda: c.t.CrossAttention(0, 4), "d_model"),
-                                 ("CrossAttention(16.0, 4)", lambda: c.t.CrossAttention(16.0, 4), "d_model"),
-                                 ("CrossAttention(16, 0)", lambda: c.t.CrossAttention(16, 0), "n_heads"),
-                                 ("CrossAttention(16, 3) (3 does not divide 16)", lambda: c.t.CrossAttention(16, 3),
-                                  "n_heads"),
-                                 ("CrossAttention(16, 4, 3) (3 does not divide 4)",
-                                  lambda: c.t.CrossAttention(16, 4, 3), "n_kv_heads"),
-                                 ("CrossAttention(16, 4, 0)", lambda: c.t.CrossAttention(16, 4, 0), "n_kv_heads"),
-                                 ("CrossAttention(16, 4, 8) (more KV heads than query heads)",
-                                  lambda: c.t.CrossAttention(16, 4, 8), "n_kv_heads")):
+        for what, make, name in bad_sizes(c.t.CrossAttention):
             expect_value_error_soon(c, make, x, what, (name,), ex)
         mask = torch.ones(2, 5, dtype=torch.bool, device=c.device)
-        wide, more = torch.cat([x, x], -1), torch.cat([enc, enc[:1]])  # width 32; encoder_out of batch 3
-        for what, args, name in (("a 2-D x", (x[0], enc), "x"), ("x of width 8 for 16", (x[..., :8], enc), "x"),
-                                 ("x of width 32 for 16", (wide, enc), "x"), ("a 4-D x", (x[None], enc), "x"),
-                                 ("encoder_out of batch 1 for x's 2", (x, enc[:1]), "encoder_out"),
-                                 ("encoder_out of batch 3 for x's 2", (x, more), "encoder_out"),
-                                 ("encoder_out of width 8", (x, enc[..., :8]), "encoder_out"),
-                                 ("encoder_out of width 32", (x, torch.cat([enc, enc], -1)), "encoder_out"),
-                                 ("a 2-D encoder_out", (x, enc[0]), "encoder_out"),
-                                 ("a 4-D encoder_out", (x, enc[:, None]), "encoder_out"),
-                                 ("encoder_out of 0 frames", (x, enc[:, :0]), "encoder_out"),
-                                 ("encoder_mask of 4 frames for 5", (x, enc, None, 0, mask[:, :4]), "encoder_mask"),
-                                 ("encoder_mask of 6 frames for 5",
-                                  (x, enc, None, 0, torch.cat([mask, mask[:, :1]], 1)), "encoder_mask"),
-                                 ("encoder_mask of batch 1 for 2", (x, enc, None, 0, mask[:1]), "encoder_mask"),
-                                 ("encoder_mask of batch 3 for 2", (x, enc, None, 0, torch.cat([mask, mask[:1]])),
-                                  "encoder_mask"),
-                                 ("an integer encoder_mask", (x, enc, None, 0, mask.long()), "encoder_mask"),
-                                 ("an encoder_mask whose row 1 hides every frame",
-                                  (x, enc, None, 0, torch.stack([mask[0], ~mask[1]])), "encoder_mask")):
+        for what, args, name in bad_forward_calls(x, enc, mask):
             expect_value_error(c, ok, *args, what=f"forward with {what}", names=(name,), example=ex)
         for what, args in (("CrossAttention(16, 16, 1) (one head of width 1 per query, MQA)", (16, 16, 1)),
                            ("CrossAttention(4, 1)", (4, 1))):
@@ -182,13 +153,13 @@ def encoder_and_projections_run_once(ctx):
     def body(c, ex):
         model = spy_model(c, ex)
         B, width = len(ex["sources"]), max(len(s) for s in ex["sources"])
-        with _cross_projections(model) as counted_rows:
+        with cross_projections(model) as counted_rows:
             generate(c, ex, model)
             rows = [dict(r) for r in counted_rows]
         if len(model.encodes) != 1:
             c.fail(f"model.encode ran {len(model.encodes)} times for one call; the encoder output does not change "
                    "while the decoder generates, so it runs once", ex, ("encodes", len(model.encodes)))
-        _fed_to_the_encoder(c, ex, model.encodes[0])
+        fed_to_the_encoder(c, ex, model.encodes[0])
         for layer, seen in enumerate(rows):
             if seen["wk"] != B * width or seen["wv"] != B * width:
                 c.fail(f"decoder layer {layer}'s cross-attention wk and wv took {seen['wk']} and {seen['wv']} rows "
@@ -199,29 +170,6 @@ def encoder_and_projections_run_once(ctx):
     ctx.case({"sources": [[5, 6, 7, 8, 9], [1, 2]], "max_new_tokens": 5, "start": 1, "seed": 3}, body)
     ctx.case({"sources": [[5, 6, 7], [1], [8, 9]], "max_new_tokens": 3, "start": 2, "pad": 47, "seed": 5}, body)
     ctx.forall(runs(max_new=(2, 6)), body, max_examples=3)
-
-
-def _fed_to_the_encoder(c, ex: dict, call: dict) -> None:
-    """The encoder's src holds each source in order where the mask is True, the pad id (0 by default) elsewhere."""
-    src, mask, pad = call["src"], call["mask"], ex.get("pad", 0)
-    width = max(len(s) for s in ex["sources"])
-    if mask is None or mask.dtype != torch.bool or tuple(mask.shape) != (len(ex["sources"]), width):
-        c.fail(f"model.encode got mask {None if mask is None else (tuple(mask.shape), mask.dtype)}; expected a bool "
-               f"({len(ex['sources'])}, {width}) mask, True on each source's tokens", ex, ("encoder mask",))
-    for b, source in enumerate(ex["sources"]):
-        row = src[b].tolist()
-        real = [t for t, m in zip(row, mask[b].tolist()) if m]
-        pads = [t for t, m in zip(row, mask[b].tolist()) if not m]
-        if real != source or any(t != pad for t in pads):
-            c.fail(f"row {b} fed to the encoder is {row} with mask {mask[b].int().tolist()}; expected source {source} "
-                   f"where the mask is 1 and the pad id {pad} elsewhere", ex, ("encoder src", b))
-
-
-@contextmanager
-def _cross_projections(model):
-    """Row counts of wk and wv of every decoder layer's cross-attention, one dict per layer, while inside."""
-    with ExitStack() as stack:
-        yield [stack.enter_context(count_rows(layer.cross_attn, ["wk", "wv"])) for layer in model.decoder_layers]
 
 
 @CHECKS.add("generate_seq2seq: one token per row per step at the step's position; the cache's self part grows "
@@ -256,7 +204,7 @@ def decoder_steps_and_cache_lengths(ctx):
             "is done", uses="generate_seq2seq")
 def eos_stops_and_is_kept(ctx):
     def with_eos(c, ex):
-        truth = tiny_seq2seq_truth(c, ex)
+        truth = truth_tokens(c, ex)
         eos = next((t for r in truth for i, t in enumerate(r) if i >= 1 and t not in r[:i]), truth[0][-1])
         _, tokens = generate(c, ex, eos=eos)
         verify(c, ex, tokens, eos=eos)
@@ -279,12 +227,6 @@ def eos_stops_and_is_kept(ctx):
               "vocab": 16}, counting)
     ctx.case({"sources": [[1, 2, 3, 4], [9]], "max_new_tokens": 9, "start": 0, "eos": 4, "pad": 15,
               "vocab": 16}, counting)
-
-
-def tiny_seq2seq_truth(c, ex):
-    """Each source's greedy tokens alone, uncached (to pick an EOS that some row meets)."""
-    model = truth_model(ex, c.device)
-    return [greedy_alone(model, s, ex["start"], ex["max_new_tokens"]) for s in ex["sources"]]
 
 
 @CHECKS.add("generate_seq2seq: max_new_tokens 0 gives empty rows without running the model; one-frame sources",
@@ -327,22 +269,7 @@ def rejects_bad_input(ctx):
     def body(c, ex):
         model = Counting(16, c.device)
         good = {"decoder_start_token_id": 1}
-        for what, args, kwargs, name in (
-                ("sources = []", ([], 3), good, "sources"), ("sources = None", (None, 3), good, "sources"),
-                ("an empty source", ([[1], []], 3), good, "sources"),
-                ("a source of ints, not a list of them", ([1, 2], 3), good, "sources"),
-                ("the id 16 of a 16-token vocabulary", ([[1, 16]], 3), good, "sources"),
-                ("the id -1", ([[-1]], 3), good, "sources"), ("the id 2.0", ([[2.0]], 3), good, "sources"),
-                ("max_new_tokens = -1", ([[1]], -1), good, "max_new_tokens"),
-                ("max_new_tokens = 2.5", ([[1]], 2.5), good, "max_new_tokens"),
-                ("decoder_start_token_id = 16", ([[1]], 3), {"decoder_start_token_id": 16}, "decoder_start_token_id"),
-                ("decoder_start_token_id = -1", ([[1]], 3), {"decoder_start_token_id": -1}, "decoder_start_token_id"),
-                ("decoder_start_token_id = None", ([[1]], 3), {"decoder_start_token_id": None},
-                 "decoder_start_token_id"),
-                ("eos_token_id = 16", ([[1]], 3), {**good, "eos_token_id": 16}, "eos_token_id"),
-                ("eos_token_id = -1", ([[1]], 3), {**good, "eos_token_id": -1}, "eos_token_id"),
-                ("pad_token_id = 16", ([[1]], 3), {**good, "pad_token_id": 16}, "pad_token_id"),
-                ("pad_token_id = -1", ([[1]], 3), {**good, "pad_token_id": -1}, "pad_token_id")):
+        for what, args, kwargs, name in bad_generate_calls(good):
             expect_value_error(c, c.t.generate_seq2seq, model, *args, what=f"generate_seq2seq with {what}",
                                names=(name,), example=ex, **kwargs)
         for what, kwargs in (("decoder_start_token_id = 15 (the last id)", {"decoder_start_token_id": 15}),
@@ -359,7 +286,7 @@ def results_are_the_callers(ctx):
     def body(c, ex):
         def call(sources):
             def run(api, e):
-                model = tiny_seq2seq_for(api, e, c.device)
+                model = model_for(api, e, c.device)
                 return api.generate_seq2seq(model, sources, e["max_new_tokens"], decoder_start_token_id=e["start"])
             return run
 
@@ -374,38 +301,9 @@ def results_are_the_callers(ctx):
     ctx.case({"max_new_tokens": 4, "start": 1, "seed": 8}, body)
 
 
-def tiny_seq2seq_for(api, ex, device):
-    return tiny_seq2seq(ex["seed"], device, api.CrossAttention)
-
-
-# -- the device -------------------------------------------------------------------------------
-def _device_scenario(s):
-    api = s.ctx.t
-    cache = api.EncoderDecoderKVCache()
-    kv = [s.put(randn(i, 2, 1, n, 4)) for i, n in enumerate((3, 3, 5, 5, 1, 1))]  # (B=2, Hkv=1, T, D=4)
-    s.call("EncoderDecoderKVCache().update(0, k, v) with 3 tokens", cache.update, 0, kv[0], kv[1])
-    s.call("set_cross(0, k, v) with 5 frames", cache.set_cross, 0, kv[2], kv[3])
-    cache.crop(2)
-    cache.reorder(s.put(torch.tensor([1, 0])))
-    s.running("reorder(tensor([0, 1])) with the index on the CPU (any device is valid)")
-    cache.reorder(torch.tensor([0, 1]))
-    s.call("update(0, k, v) after crop(2) and two reorders", cache.update, 0, kv[4], kv[5])
-    s.call("cross(0) after reorder", cache.cross, 0)
-    config = Seq2SeqConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                           num_encoder_layers=1, num_attention_heads=2, num_key_value_heads=1)
-    layer = devices.module_on(s, lambda: api.CrossAttention(8, 2, 1), dtype=torch.float64)
-    x, enc = s.put(randn(7, 2, 2, 8)), s.put(randn(8, 2, 3, 8))
-    mask = s.put(torch.tensor([[True, True, False], [True, True, True]]))
-    s.call("CrossAttention(8, 2, 1) with a cache and an encoder_mask", layer, x, enc, api.EncoderDecoderKVCache(), 0,
-           mask)
-    model = devices.module_on(s, lambda: Seq2Seq(config, api.CrossAttention), dtype=torch.float64)
-    s.call("generate_seq2seq(model, [[5, 9, 2], [3]], 3, decoder_start_token_id=1), the model on the test device",
-           api.generate_seq2seq, model, [[5, 9, 2], [3]], 3, decoder_start_token_id=1)
-
-
 @CHECKS.add("the cache, CrossAttention and generate_seq2seq keep every tensor on the inputs' device",
             uses="EncoderDecoderKVCache")
 def keeps_the_device(ctx):
     ctx.case({"sources": [[5, 9, 2], [3]], "max_new_tokens": 3},
-             lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))
+             lambda c, ex: devices.keeps_the_device(c, ex, device_scenario))
 
