@@ -39,8 +39,8 @@ def attention_examples(draw):
 
 class PlainCross:
     """A cache with only ``cross`` and ``set_cross`` (dict-backed); notes each ``set_cross`` call. Like Hugging
-    Face's encoder–decoder cache it has a length, that of its self part, which this one lacks: it is always 0, so
-    the cache is always false (test ``cache is None``)."""
+    Face's encoder–decoder cache it has the length of its self part, which this one lacks: always 0, so the cache
+    is false even while it holds cross K and V (the README: test ``cache is None``)."""
 
     def __init__(self):
         self.held: dict = {}
