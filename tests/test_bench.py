@@ -230,3 +230,14 @@ def test_fast_paged_write_stores_what_the_lesson_stores_and_refuses_the_same():
                  (0, torch.tensor([-1]), one, one), (0, slot, torch.zeros(2, 2, 3), one), (0, slot, one, None),
                  (0, torch.tensor([1.0]), one, one), (0, [1], one, one)]:
         assert _error(fast, *args) == _error(lesson, *args) != "no error", args
+
+
+def test_cross_cache_section_agrees_with_recomputing_and_counts_both_parts():
+    from grader.bench import k17 as bench_k17
+
+    rows = bench_k17.bench_cross(torch.device("cpu"), bench.Progress(3, quiet=True), True, batch=1, new_tokens=3)
+    assert [r["encoder_len"] for r in rows] == [64, 256, 1024]
+    assert all(r["same_tokens"] and r["cached"]["tokens_per_s"] > 0 for r in rows)
+    # 4 decoder layers, 8 KV heads of 32, float32: 2 x 4 x 8 x 32 x 4 bytes per position and row
+    assert [(r["self_bytes"], r["cross_bytes"]) for r in rows] == [(8192 * 3, 8192 * n) for n in (64, 256, 1024)]
+    assert "9,216,000 B" in bench_k17.lines(rows)[-1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from contextlib import contextmanager
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 
 from grader.engine import Failure, precision, report
 from grader.nn import Llama, LlamaConfig
+from grader.seq2seq import Seq2Seq, Seq2SeqConfig
 
 DTYPES = st.sampled_from([torch.float64, torch.float32])
 SEEDS = st.integers(0, 2**16)
@@ -39,6 +41,39 @@ def tiny_llama(seed: int, device, cls=Llama, **overrides) -> Llama:
             else:
                 scale = 1.0 if "embed" in name else 1 / math.sqrt(p.shape[1])
                 p.copy_(randn(seed * 97 + i, *p.shape, device=device, scale=scale))
+    return model.eval()
+
+
+TINY_SEQ2SEQ = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_encoder_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+
+def tiny_seq2seq(seed: int, device, cross_attention: type, cls=Seq2Seq, **overrides) -> Seq2Seq:
+    """A seeded float64 encoder–decoder (``TINY_SEQ2SEQ``, fields replaced by ``overrides``), built as ``cls``,
+    whose cross-attention slots are ``cross_attention``. Each weight is drawn from the seed and its parameter name, so any class whose
+    ``wq, wk, wv, wo`` have the expected shapes gets the same weights; a missing or misshapen one is a Failure."""
+    config = Seq2SeqConfig(**{**TINY_SEQ2SEQ, **overrides})
+    with torch.random.fork_rng(devices=[]):  # the default init is overwritten; keep the global RNG untouched
+        model = cls(config, cross_attention)
+    inner = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    shapes = {"wq": (inner, config.hidden_size), "wk": (kv, config.hidden_size), "wv": (kv, config.hidden_size),
+              "wo": (config.hidden_size, inner)}
+    for layer in model.decoder_layers:
+        load_linears(layer.cross_attn, shapes, seed, f"{cross_attention.__name__}(d_model={config.hidden_size}, "
+                     f"n_heads={config.num_attention_heads}, n_kv_heads={config.num_key_value_heads})")
+    model = model.to(device=device, dtype=torch.float64)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.zero_()
+                continue
+            drawn = seed * 7919 + zlib.crc32(name.encode()) % 100003
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * randn(drawn, *p.shape, device=device))
+            else:
+                scale = 1.0 if "embed" in name else 1 / math.sqrt(p.shape[1])
+                p.copy_(randn(drawn, *p.shape, device=device, scale=scale))
     return model.eval()
 
 
