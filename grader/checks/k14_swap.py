@@ -125,9 +125,10 @@ def replay(api, ex, device="cpu"):
 # -- pinned programs -------------------------------------------------------------------------------
 GEOMETRY = {"block_size": 2, "layers": 2, "heads": 2, "head_dim": 2, "dtype": torch.float64, "seed": 7}
 PINNED = {
-    "the host pool exactly big enough, then one block short": dict(
-        GEOMETRY, num_blocks=6, host_blocks=3, ops=[("add", 0, 5), ("add", 1, 1), ("out", 0), ("out", 1), ("in", 0),
-                                                    ("out", 1)]),
+    "the host pool one block short, then exactly big enough": dict(
+        GEOMETRY, num_blocks=6, host_blocks=4, ops=[("add", 0, 5), ("add", 1, 3), ("out", 1), ("out", 0), ("in", 1),
+                                                    ("out", 0), ("add", 2, 1), ("out", 2), ("out", 1), ("in", 0),
+                                                    ("in", 2)]),
     "old block ids taken by another sequence before the swap-in": dict(
         GEOMETRY, num_blocks=4, host_blocks=4, ops=[("add", 0, 3), ("out", 0), ("add", 1, 4), ("in", 0), ("free", 1),
                                                     ("in", 0), ("grow", 0, 2)]),
