@@ -118,7 +118,7 @@ def replay(api, ex, device="cpu"):
             outcome = _step(api, cache, pool, ex, op, n, in_cache, swapped)
         except (OutOfBlocksError, api.OutOfHostBlocksError) as exc:
             outcome = f"raised {type(exc).__name__}"
-        seen[f"op {n}: {say(op)}"] = {"outcome": outcome or "ran", **_state(api, cache, pool, in_cache, ids)}
+        seen[f"{say(op)} (op {n})"] = {"outcome": outcome or "ran", **_state(api, cache, pool, in_cache, ids)}
     return seen
 
 
