@@ -11,10 +11,14 @@ say so; the byte counts hold everywhere.
 """
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 
 import torch
 
+from grader import models
+from grader.bench.k07 import PrintProgress
 from grader.bench.shared import reference
 from grader.nn import Llama, LlamaConfig
 from grader.paged import PagedKVCache
@@ -184,3 +188,63 @@ def lines(result: dict) -> list[str]:
     out.append(f"offload swap-in vs recompute: {shown}; swap wins from "
                f"{min(wins) if wins else 'none of these'} tokens")
     return out
+
+
+# -- a real model ---------------------------------------------------------------------------------
+@torch.no_grad()
+def _greedy(model, prompt: list[int], new_tokens: int, cache) -> tuple[list[int], float]:
+    """Greedy tokens after ``prompt``: one prefill, then one-token steps, all through ``cache``."""
+    device, out = model.device, []
+    ids = torch.tensor([prompt], device=device)
+    started = time.perf_counter()
+    logits = model(ids, cache=cache)
+    for n in range(new_tokens):
+        out.append(int(logits[0, -1].argmax()))
+        position = torch.tensor([[len(prompt) + n]], device=device)
+        logits = model(torch.tensor([[out[-1]]], device=device), position, cache=cache)
+    return out, time.perf_counter() - started
+
+
+def bench_real(device, progress, new_tokens: int = 32,
+               question: str = "Explain in a few sentences what a KV cache is.") -> dict:
+    """SmolLM2 answering ``question`` through a plain cache and through the offloaded one."""
+    loaded = models.load(models.SMOLLM2, device=device)
+    model, c = loaded.model, loaded.model.config
+    prompt = loaded.chat(question)
+    plain, plain_s = _greedy(model, prompt, new_tokens, _Plain())
+    per_token = 2 * c.num_key_value_heads * c.head_dim * torch.empty(0, dtype=model.dtype).element_size()
+    cache = reference("14")["OffloadedKVCache"](c.num_hidden_layers, device=device)
+    worst = _Worst(cache, lambda i: per_token * cache.seq_len(i))
+    offloaded, offloaded_s = _greedy(model, prompt, new_tokens, worst)
+    row = {"layers": c.num_hidden_layers, "prompt_tokens": len(prompt), "new_tokens": new_tokens,
+           "same_tokens": offloaded == plain, "seconds_default": round(plain_s, 2),
+           "seconds_offloaded": round(offloaded_s, 2),
+           "device_kv_bytes_default": per_token * (len(prompt) + new_tokens - 1) * c.num_hidden_layers,
+           "device_kv_bytes_offloaded": worst.worst, **cache.stats}
+    progress.step("offload  SmolLM2", f"same tokens: {row['same_tokens']}, {row['seconds_offloaded']} s offloaded, "
+                  f"{row['seconds_default']} s default")
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grader.bench.k14", description="SmolLM2 through the offloaded cache.")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for torch (1 is faster on a busy machine)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        r = bench_real(torch.device("cpu"), PrintProgress(), args.new_tokens)
+    except (OSError, ValueError, ImportError) as exc:
+        print(f"bench_k14: skipped: {exc}", file=sys.stderr)
+        return 2
+    share = r["device_kv_bytes_offloaded"] / r["device_kv_bytes_default"]
+    print(f"SmolLM2, {r['layers']} layers, a {r['prompt_tokens']}-token prompt, {r['new_tokens']} greedy tokens: "
+          f"same tokens as the plain cache: {r['same_tokens']}; device KV {r['device_kv_bytes_offloaded']:,} bytes at "
+          f"most, against {r['device_kv_bytes_default']:,} held whole ({share:.3f}); "
+          f"{r['h2d_bytes']:,} bytes in, {r['d2h_bytes']:,} out, "
+          f"{r['misses']} misses; {r['seconds_default']} s default, {r['seconds_offloaded']} s offloaded")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
