@@ -254,7 +254,8 @@ def _bad_updates(c, ex):
              ("OffloadedKVCache(2, device='nowhere')", Cache, (2,), {"device": "nowhere"}, ("device",)),
              ("OffloadedKVCache(2, offload_device='nowhere')", Cache, (2,), {"offload_device": "nowhere"},
               ("offload_device",)),
-             ("OffloadedKVCache(2, pin_memory='yes')", Cache, (2,), {"pin_memory": "yes"}, ("pin_memory",))]
+             ("OffloadedKVCache(2, pin_memory='yes')", Cache, (2,), {"pin_memory": "yes"}, ("pin_memory",)),
+             ("OffloadedKVCache(2, pin_memory='')", Cache, (2,), {"pin_memory": ""}, ("pin_memory",))]
     if not torch.cuda.is_available():
         cases.append(("OffloadedKVCache(2, pin_memory=True) without CUDA", Cache, (2,), {"pin_memory": True},
                       ("pin_memory",)))
@@ -263,7 +264,13 @@ def _bad_updates(c, ex):
     meta = torch.empty(1, 2, 1, 4, device="meta")
     for layer in (-1, 2, 1.0, "0", None):
         cases.append((f"update({layer!r}, k, v)", cache.update, (layer, k[:, :, :1], k[:, :, :1]), {}, ("layer",)))
+    given = Cache(2, device="cpu")
     cases += [("update(0, k, v) with k of 3 dimensions", cache.update, (0, k[0], k[0]), {}, ("k",)),
+              ("update(0, k, v) with k of 5 dimensions", cache.update, (0, k[None], k[None]), {}, ("k",)),
+              ("update(0, k, v) with v of 5 dimensions", cache.update, (0, k, k[None]), {}, ("v",)),
+              ("update(0, k, v) with v one token shorter", cache.update, (0, k, k[:, :, :1]), {}, ("v",)),
+              ("OffloadedKVCache(2, device='cpu').update(0, k, v) with k on meta", given.update, (0, meta, meta), {},
+               ("k",)),
               ("update(0, k, v) with k a list", cache.update, (0, k.tolist(), k), {}, ("k",)),
               ("update(0, k, v) with v of 3 dimensions", cache.update, (0, k, k[0]), {}, ("v",)),
               ("update(0, k, v) with v one token longer", cache.update, (0, k, torch.cat([k, k[:, :, :1]], 2)), {},

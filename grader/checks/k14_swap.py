@@ -175,8 +175,9 @@ def _bad_pools(c, ex) -> None:
     for dtype in (torch.int64, "float32"):
         expect_value_error(c, Pool, *good, dtype=dtype, what=f"HostBlockPool(2, 2, 2, 2, 2, dtype={dtype!r})",
                            names=("dtype",), example=ex)
-    expect_value_error(c, Pool, *good, pin_memory="yes", what="HostBlockPool(..., pin_memory='yes')",
-                       names=("pin_memory",), example=ex)
+    for pin in ("yes", ""):
+        expect_value_error(c, Pool, *good, pin_memory=pin, what=f"HostBlockPool(..., pin_memory={pin!r})",
+                           names=("pin_memory",), example=ex)
     if not torch.cuda.is_available():
         expect_value_error(c, Pool, *good, pin_memory=True, what="HostBlockPool(..., pin_memory=True) without CUDA",
                            names=("pin_memory",), example=ex)
@@ -209,6 +210,8 @@ def _bad_swaps(c, ex) -> None:
     cache.add_sequence(1)
     expect_value_error(c, t.swap_in, cache, pool, 1, what="swap_in of sequence 1 while a new sequence 1 is in the "
                        "cache", names=("seq_id",), example=ex)
+    expect_value_error(c, t.swap_out, cache, pool, 1, what="swap_out of a new sequence 1 while the swapped-out "
+                       "sequence 1 is in the pool", names=("seq_id",), example=ex)
     cache.free(1)
     after = _state(t, cache, pool, {0}, [0, 1, 2])
     if not _same(before, after):

@@ -127,8 +127,8 @@ class OffloadedKVCache:
     def _write_back(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Append the new tokens to the host copy: only they cross to the host (a blocking copy, so the
         host copy is complete before anything reads it)."""
-        new_k = k.to(self.offload_device).contiguous()  # (B, Hkv, T, D)
-        new_v = v.to(self.offload_device).contiguous()
+        new_k = k.to(self.offload_device)  # (B, Hkv, T, D)
+        new_v = v.to(self.offload_device)
         self._stats["d2h_bytes"] += _nbytes(new_k, new_v)
         if self.host_keys[layer] is not None:
             new_k = torch.cat([self.host_keys[layer], new_k], dim=2)  # (B, Hkv, S + T, D)
