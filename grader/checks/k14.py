@@ -12,9 +12,9 @@ import torch
 from hypothesis import strategies as st
 
 from grader.checks import k14_swap as swap
-from grader.checks.k14_moves import (STATS, Crossings, PlainCache, excess_device_bytes, layer_bytes, new_kv,
-                                     update_programs)
-from grader.checks.support import devices, protocol
+from grader.checks.k14_moves import (STATS, Crossings, PlainCache, callers_values, excess_device_bytes, layer_bytes,
+                                     new_kv, two_caches, update_programs)
+from grader.checks.support import devices
 from grader.checks.support.common import SEEDS, expect_value_error, randn, tiny_llama
 from grader.checks.support.models import DEVICE_MODEL
 from grader.engine import Checks
@@ -209,39 +209,11 @@ def keeps_the_device(ctx):
 
 
 # -- state and aliasing ----------------------------------------------------------------------------
-def _two_caches(api, ex):
-    def make(api, ex, i):
-        return api.OffloadedKVCache(2)
-
-    def step(api, ex, cache, i, n):
-        k, v = new_kv({**ex, "seed": ex["seed"] + 100 * i}, n, 1 + (n + i) % 2)
-        K, V = cache.update(n % 2, k, v)
-        return {"K": K, "V": V, "resident": cache.resident(), "stats": cache.stats}
-
-    return protocol.interleaved(make, step, 6)(api, ex)
-
-
-def _callers_values(api, ex):
-    """resident() and stats are the caller's: overwritten, the next read is unchanged; read twice, the same."""
-    cache = api.OffloadedKVCache(2)
-    for n in range(3):
-        k, v = new_kv(ex, n, 2)
-        cache.update(n % 2, k, v)
-    seen = protocol.changed_by_caller(lambda a, e: cache.resident(), lambda a, e: cache.resident(),
-                                      "resident()")(api, ex)
-    stats = cache.stats
-    for key in list(stats):  # the caller writes into the dict it was given
-        stats[key] = protocol.SCRIBBLED_ID
-    seen["stats, after the caller overwrote the dict it read before"] = cache.stats
-    seen.update(protocol.twice(lambda a, e: (cache.resident(), cache.stats, cache.seq_len(1)), "the reads")(api, ex))
-    return seen
-
-
 @CHECKS.add("two caches driven in turn keep apart; resident() and stats are the caller's", uses="OffloadedKVCache")
 def caches_keep_apart(ctx):
     ex = {"batch": 1, "heads": 2, "head_dim": 2, "dtype": torch.float64, "seed": 4}
-    ctx.case({**ex, "program": "two caches in turn"}, lambda c, e: c.differential(e, _two_caches, e["program"]))
-    ctx.case({**ex, "program": "overwritten reads"}, lambda c, e: c.differential(e, _callers_values, e["program"]))
+    ctx.case({**ex, "program": "two caches in turn"}, lambda c, e: c.differential(e, two_caches, e["program"]))
+    ctx.case({**ex, "program": "overwritten reads"}, lambda c, e: c.differential(e, callers_values, e["program"]))
 
 
 # -- bad input ---------------------------------------------------------------------------------------

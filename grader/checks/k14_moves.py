@@ -13,7 +13,7 @@ import torch
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grader.checks.support import devices
+from grader.checks.support import devices, protocol
 from grader.checks.support.common import DTYPES, SEEDS, randn
 
 aten = torch.ops.aten
@@ -140,3 +140,33 @@ def say(calls: list, n: int) -> str:
     """The program up to call n, as code."""
     shown = "; ".join(f"update({layer}, {T} token{'s' if T > 1 else ''})" for layer, T in calls[:n + 1])
     return f"call {n}: {shown}" if n < 6 else f"call {n}: ... {shown.split('; ', n - 3)[-1]}"
+
+
+# -- state and aliasing programs ----------------------------------------------------------------------
+def two_caches(api, ex):
+    """Two caches driven in turn: each step's K, V, resident() and stats."""
+    def make(api, ex, i):
+        return api.OffloadedKVCache(2)
+
+    def step(api, ex, cache, i, n):
+        k, v = new_kv({**ex, "seed": ex["seed"] + 100 * i}, n, 1 + (n + i) % 2)
+        K, V = cache.update(n % 2, k, v)
+        return {"K": K, "V": V, "resident": cache.resident(), "stats": cache.stats}
+
+    return protocol.interleaved(make, step, 6)(api, ex)
+
+
+def callers_values(api, ex):
+    """resident() and stats are the caller's: overwritten, the next read is unchanged; read twice, the same."""
+    cache = api.OffloadedKVCache(2)
+    for n in range(3):
+        k, v = new_kv(ex, n, 2)
+        cache.update(n % 2, k, v)
+    seen = protocol.changed_by_caller(lambda a, e: cache.resident(), lambda a, e: cache.resident(),
+                                      "resident()")(api, ex)
+    stats = cache.stats
+    for key in list(stats):  # the caller writes into the dict it was given
+        stats[key] = protocol.SCRIBBLED_ID
+    seen["stats, after the caller overwrote the dict it read before"] = cache.stats
+    seen.update(protocol.twice(lambda a, e: (cache.resident(), cache.stats, cache.seq_len(1)), "the reads")(api, ex))
+    return seen

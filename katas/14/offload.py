@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.paged import OutOfBlocksError, PagedKVCache
+from grader.paged import OutOfBlocksError, PagedKVCache  # swap_in raises OutOfBlocksError
 
 
 class OffloadedKVCache:
