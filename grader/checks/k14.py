@@ -130,25 +130,32 @@ def counts_what_crosses(ctx):
               "strided": False, "seed": 3}, body)
 
 
-def _forwards(c, ex, note):
-    """Llama forwards (prefill, then decodes) through the learner's cache on the stand-in; ``note(cache,
-    layer, n)`` after every update of forward n."""
+def _run_forwards(s, ex, note=None):
+    """Llama forwards (ex["chunks"]: a prefill, then decodes) through the learner's cache on the session's
+    device; ``note(cache, layer, n, shape, device_type)`` after every update of forward n."""
     config = dict(DEVICE_MODEL, num_hidden_layers=ex["layers"])
+    model = devices.module_on(s, lambda: Llama(LlamaConfig(**config)), dtype=torch.float64)
+    cache = s.ctx.t.OffloadedKVCache(ex["layers"], device=s.device)
+    shape = (1, config["num_key_value_heads"], config["hidden_size"] // config["num_attention_heads"])
+    start = 0
+    for n, T in enumerate(ex["chunks"]):
+        spy = cache if note is None else _Noting(cache, lambda layer, n=n: note(cache, layer, n, shape,
+                                                                               s.device.type))
+        ids = s.put(torch.arange(start, start + T).remainder(config["vocab_size"])[None])
+        positions = s.put(torch.arange(start, start + T)[None])
+        s.call(f"forward {n} of the model through OffloadedKVCache({ex['layers']}, device=...)", model, ids,
+               positions, cache=spy)
+        start += T
 
-    def scenario(s):
-        model = devices.module_on(s, lambda: Llama(LlamaConfig(**config)), dtype=torch.float64)
-        cache = s.ctx.t.OffloadedKVCache(ex["layers"], device=s.device)
-        shape = (1, config["num_key_value_heads"], config["hidden_size"] // config["num_attention_heads"])
-        start = 0
-        for n, T in enumerate(ex["chunks"]):
-            spy = _Noting(cache, lambda layer, n=n: note(cache, layer, n, shape, s.device.type))
-            ids = s.put(torch.arange(start, start + T).remainder(config["vocab_size"])[None])
-            positions = s.put(torch.arange(start, start + T)[None])
-            s.call(f"forward {n} of the model through OffloadedKVCache({ex['layers']}, device=...)", model, ids,
-                   positions, cache=spy)
-            start += T
 
-    devices.keeps_the_device(c, ex, scenario)
+def _forwards(c, ex, note):
+    devices.keeps_the_device(c, ex, lambda s: _run_forwards(s, ex, note))
+
+
+def _device_scenario(s):
+    """Three layers through a prefill and a decode, then a paged sequence swapped out and back."""
+    _run_forwards(s, {"layers": 3, "chunks": [3, 1]})
+    swap.device_scenario(s)
 
 
 class _Noting:
@@ -202,8 +209,7 @@ def holds_two_layers_at_most(ctx):
 @CHECKS.add("the cache works on the device it is given (no tensor made on the CPU by accident)", uses="OffloadedKVCache")
 def keeps_the_device(ctx):
     def body(c, ex):
-        _forwards(c, ex, lambda *a: None)
-        devices.keeps_the_device(c, ex, swap.device_scenario)
+        devices.keeps_the_device(c, ex, _device_scenario)
 
     ctx.case({"layers": 3, "chunks": [3, 1]}, body)
 
