@@ -242,12 +242,12 @@ def _bad_updates(c, ex):
     meta = torch.empty(1, 2, 1, 4, device="meta")
     for layer in (-1, 2, 1.0, "0", None):
         cases.append((f"update({layer!r}, k, v)", cache.update, (layer, k[:, :, :1], k[:, :, :1]), {}, ("layer",)))
-    given = Cache(2, device="cpu")
+    given = Cache(2, device="meta")
     cases += [("update(0, k, v) with k of 3 dimensions", cache.update, (0, k[0], k[0]), {}, ("k",)),
-              ("update(0, k, v) with k of 5 dimensions", cache.update, (0, k[None], k[None]), {}, ("k",)),
+              ("update(1, k, v) with k of 5 dimensions", cache.update, (1, k[None], k[None]), {}, ("k",)),
               ("update(0, k, v) with v of 5 dimensions", cache.update, (0, k, k[None]), {}, ("v",)),
               ("update(0, k, v) with v one token shorter", cache.update, (0, k, k[:, :, :1]), {}, ("v",)),
-              ("OffloadedKVCache(2, device='cpu').update(0, k, v) with k on meta", given.update, (0, meta, meta), {},
+              ("OffloadedKVCache(2, device='meta').update(0, k, v) with k on the CPU", given.update, (0, k, k), {},
                ("k",)),
               ("update(0, k, v) with k a list", cache.update, (0, k.tolist(), k), {}, ("k",)),
               ("update(0, k, v) with v of 3 dimensions", cache.update, (0, k, k[0]), {}, ("v",)),
