@@ -230,6 +230,7 @@ def _bad_updates(c, ex):
              ("OffloadedKVCache(2.0)", Cache, (2.0,), {}, ("n_layers",)),
              ("OffloadedKVCache('2')", Cache, ("2",), {}, ("n_layers",)),
              ("OffloadedKVCache(2, device='nowhere')", Cache, (2,), {"device": "nowhere"}, ("device",)),
+             ("OffloadedKVCache(2, device='')", Cache, (2,), {"device": ""}, ("device",)),
              ("OffloadedKVCache(2, offload_device='nowhere')", Cache, (2,), {"offload_device": "nowhere"},
               ("offload_device",)),
              ("OffloadedKVCache(2, pin_memory='yes')", Cache, (2,), {"pin_memory": "yes"}, ("pin_memory",)),
