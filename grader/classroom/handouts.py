@@ -94,14 +94,14 @@ jobs:
 
 
 PAGED_NOTE = """
-{users} build on kata 06's paged cache, which this handout does not assign: `grader/paged.py`
+{users} on kata 06's paged cache, which this handout does not assign: `grader/paged.py`
 gives them a copy of kata 06's reference solution (`grader/paged_reference.py`), so that they run
 here. Kata 06 itself is not graded here.
 
 """
 
 OWN_PAGED_NOTE = """
-{users} build on kata 06's paged cache: `grader/paged.py` loads your own `katas/06/paged.py`,
+{users} on kata 06's paged cache: `grader/paged.py` loads your own `katas/06/paged.py`,
 so finish kata 06 first.
 
 """
@@ -204,7 +204,8 @@ def paged_note(katas: list[manifest.Kata]) -> str:
     if not users:
         return ""
     note = PAGED_NOTE if paged_copy_needed(katas) else OWN_PAGED_NOTE
-    return note.format(users=f"Kata {users[0]}" if len(users) == 1 else f"Katas {', '.join(users[:-1])} and {users[-1]}")
+    return note.format(users=f"Kata {users[0]} builds" if len(users) == 1
+                       else f"Katas {', '.join(users[:-1])} and {users[-1]} build")
 
 
 def _pyproject() -> str:
