@@ -110,15 +110,14 @@ def past_2_53(ctx) -> None:
     shape = {"config": big, "batch": 2**20 + 1, "new_tokens": 2**24 + 3, "past_len": 2**30 + 5}
     timed = {**shape, "peak_flops": 10**18 + 1, "bandwidth": 3 * 10**12 + 7}
     elems = {"weight_bytes_per_elem": None, "kv_bytes_per_elem": 1}
+    ridge_20 = {"peak_flops": 20 * (10**21 + 1), "bandwidth": 10**21 + 1}
     cases = [
         ("forward_flops", "int", shape, k.flops(shape)),
         ("forward_bytes", "int", {**shape, **elems}, k.moved({**shape, **elems})),
         ("arithmetic_intensity", "ratio", {**shape, **elems}, Fraction(k.flops(shape), k.moved({**shape, **elems}))),
         ("roofline_time", "ratio", {**timed, **elems}, k.seconds({**timed, **elems})),
-        ("decode_crossover_batch", "int", {"config": big, "past_len": 0, "peak_flops": 10**21 + 1,
-                                           "bandwidth": 3, **elems},
-         k.crossover({"config": big, "batch": 1, "new_tokens": 1, "past_len": 0, "peak_flops": 10**21 + 1,
-                      "bandwidth": 3, **elems})),
+        ("decode_crossover_batch", "int", {"config": big, "past_len": 1000, **ridge_20, **elems},
+         k.crossover({"config": big, "batch": 1, "new_tokens": 1, "past_len": 1000, **ridge_20, **elems})),
         ("ridge_point", "ratio", {"peak_flops": 2**60 + 1, "bandwidth": 3}, Fraction(2**60 + 1, 3)),
     ]
     for name, kind, example, expected in cases:
