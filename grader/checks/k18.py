@@ -34,6 +34,8 @@ def flops_pinned(ctx):
     tiny = 2 * (3 * 2 * 9_216 + 2 * 12 * 4 * 2 * 8 + 32 * 48)
     exact_case(ctx, "forward_flops", "int", [
         (_flops(k.TINY, 1, 3, 2), tiny, "the tiny Llama, 3 new tokens after 2 cached: 116,736 FLOPs"),
+        (_flops({key: v for key, v in k.TINY.items() if key != "torch_dtype"}, 1, 3, 2), tiny,
+         "the same config without a dtype: FLOPs do not depend on it"),
         (_flops(k.LLAMA3_8B, 1, 1, 0), L3_DECODE,
          "Llama-3-8B, one decode step with nothing cached: 2 x 7,504,658,432 matrix numbers + 2 x 262,144 for "
          "attention over the token itself = 15,009,841,152 FLOPs"),
@@ -118,8 +120,9 @@ def ridge_pinned(ctx):
         (dict(k.H100), Fraction(19_790, 67), "H100: 989.5 TFLOP/s over 3.35 TB/s = 19,790 / 67, about 295"),
         (dict(k.A100), Fraction(312_000, 2_039), "A100: 312 TFLOP/s over 2,039 GB/s, about 153"),
         (dict(k.LAPTOP), Fraction(15), "the laptop CPU: 768 GFLOP/s over 51.2 GB/s = 15"),
-        ({"peak_flops": 989.5e12, "bandwidth": 3.35e12}, Fraction(989.5e12) / Fraction(3.35e12),
-         "floats are taken at their exact binary value (3.35e12 is not exactly 3,350,000,000,000)"),
+        ({"peak_flops": 989.5e12, "bandwidth": 3.35e12}, Fraction(19_790, 67), "the H100's peaks given as floats"),
+        ({"peak_flops": 0.1, "bandwidth": 3}, Fraction(3_602_879_701_896_397, 3 * 2**55),
+         "a float is taken at its exact binary value: 0.1 is 3,602,879,701,896,397 / 2**55, not 1/10"),
         ({"peak_flops": Fraction(1, 3), "bandwidth": Fraction(2, 7)}, Fraction(7, 6), "Fractions divide exactly"),
     ])
 
