@@ -230,3 +230,29 @@ def test_fast_paged_write_stores_what_the_lesson_stores_and_refuses_the_same():
                  (0, torch.tensor([-1]), one, one), (0, slot, torch.zeros(2, 2, 3), one), (0, slot, one, None),
                  (0, torch.tensor([1.0]), one, one), (0, [1], one, one)]:
         assert _error(fast, *args) == _error(lesson, *args) != "no error", args
+
+
+def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(monkeypatch):
+    from grader.bench import roofline
+
+    monkeypatch.setattr(roofline, "MATMUL_SIZES", (32, 64))
+    monkeypatch.setattr(roofline, "STREAM_BYTES", 2**20)
+    monkeypatch.setattr(roofline, "DECODE_STEPS", 2)
+    device = torch.device("cpu")
+    machine = roofline.measure_machine(device, repeats=3)
+    assert machine["peak_flops"] > 0 and machine["bandwidth"] > 0 and machine["threads"] >= 1
+    assert [m["n"] for m in machine["matmul"]] == [32, 64] and machine["stream"]["bytes"] == 2 * 2**20
+    torch.manual_seed(0)
+    model = roofline.Llama(roofline.LlamaConfig(**roofline.LOOP_CONFIG)).eval()
+    config = roofline._config_dict(model.config, "float32")
+    with torch.no_grad():
+        points = roofline.place_loop(model, config, machine, device, repeats=3, prefills=(16, 128), batches=(1, 2))
+    prefill = {p["label"]: p for p in points if p["kind"] == "prefill"}
+    decode = [p for p in points if p["kind"] == "decode"]
+    assert prefill["prefill 128"]["intensity"] > prefill["prefill 16"]["intensity"] > max(p["intensity"] for p in decode)
+    # 2 FLOPs per weight and 4 bytes per weight: a float32 decode of one sequence sits near 0.5 FLOP/byte
+    assert 0.4 < decode[0]["intensity"] < 0.6
+    assert all(p["fraction"] > 0 and p["roof_flops_per_s"] <= machine["peak_flops"] for p in points)
+    result = {"machine": machine, "model": "test", "config": config, "points": points}
+    text = "\n".join(roofline.lines(result))
+    assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text

@@ -22,6 +22,9 @@
    model's first layers as the draft (kata 12, ``grader.bench.k12``); kata 04's formula, kata 10's hit
    rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench.smollm2``).
 
+``--roofline`` measures only this machine's roofline and places kata 08's loop on it, counted by
+kata 18 (``grader.bench.roofline``).
+
 Everything runs the reference solutions, never the learner's files.
 """
 from __future__ import annotations
