@@ -194,6 +194,10 @@ def crossover_pinned(ctx):
          "the tiny Llama on a machine where compute time equals memory time at batch 5: equal counts as reached"),
         (_cross(k.TINY, 0, {"peak_flops": tiny_f, "bandwidth": tiny_c}), None,
          "the tiny Llama where one sequence adds exactly as much compute time as memory time: never"),
+        # One more sequence adds a hair (half a unit of peak x bandwidth) more compute time than memory time.
+        (_cross(k.TINY, 0, {"peak_flops": tiny_f, "bandwidth": tiny_c + Fraction(1, 2 * tiny_f)}), 2 * tiny_w * tiny_f,
+         "the tiny Llama where each sequence adds barely more compute time than memory time: a crossover exists, "
+         "at a batch of 6,420,430,848"),
         (_cross(k.TINY, 0, {"peak_flops": 1, "bandwidth": 10**12}), 1,
          "a machine with almost no compute: batch 1 is already compute-bound"),
     ])

@@ -57,7 +57,8 @@ def config_fields(ctx) -> None:
            ("text_config given as a list", {**k.LLAMA3_8B, "text_config": [k.LLAMA3_8B]}, ("text_config", "config"))]
     for field in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
         bad.append((f"no {field}", _without(k.LLAMA3_8B, field), (field,)))
-    for field, value in (("num_hidden_layers", 0), ("num_key_value_heads", -8), ("head_dim", 2.5),
+    for field, value in (("num_hidden_layers", 0), ("num_key_value_heads", -8), ("num_key_value_heads", 0),
+                         ("head_dim", 0), ("head_dim", 2.5),
                          ("intermediate_size", "14336"), ("vocab_size", 0), ("hidden_size", True)):
         bad.append((f'"{field}": {value!r}', {**k.LLAMA3_8B, field: value}, (field,)))
     for name, (good, _) in GOOD.items():

@@ -88,6 +88,6 @@ MISTAKES = [
         why="the smallest batch that reaches the ridge rounds the exact quotient up; rounding down gives a batch "
             "that is still bandwidth-bound unless the division is exact.",
         hint="If 296.4 sequences would reach the ridge, is 296 enough?",
-        edits=(("    return max(1, math.ceil(weights * peak / gain))", "    return max(1, math.floor(weights * peak / gain))"),),
+        edits=(("    return math.ceil(weights * peak / gain)", "    return math.floor(weights * peak / gain)"),),
     ),
 ]

@@ -156,12 +156,12 @@ def decode_crossover_batch(config: dict, past_len: int, peak_flops, bandwidth,
     """The smallest batch whose decode step (one new token each, ``past_len`` cached) is no longer
     bandwidth-bound, or None when no batch gets there."""
     peak, bw = _rate("peak_flops", peak_flops), _rate("bandwidth", bandwidth)
-    p = _count("past_len", past_len, 0)
-    one = forward_flops(config, 1, 1, p)  # every FLOP of a decode step grows with the batch
+    one = forward_flops(config, 1, 1, past_len)  # every FLOP of a decode step grows with the batch
+    p = int(past_len)  # forward_flops has checked it
     weights, kv_per_token = _byte_terms(_sizes(config), weight_bytes_per_elem, kv_bytes_per_elem)
     per_sequence = (p + 1) * kv_per_token  # each sequence reads its p cached tokens and writes one
     # Compute-bound from batch B on: B * one / peak >= (weights + B * per_sequence) / bw.
     gain = one * bw - per_sequence * peak  # what one more sequence adds to compute time over memory time
     if gain <= 0:  # the cache grows as fast as the FLOPs: batching amortizes the weights, never the cache
         return None
-    return max(1, math.ceil(weights * peak / gain))
+    return math.ceil(weights * peak / gain)  # at least 1: weights, peak and gain are all > 0
