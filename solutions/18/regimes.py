@@ -36,14 +36,12 @@ def _rate(name: str, value) -> Fraction:
     return exact
 
 
-def _field(text: dict, name: str, default=None) -> int:
-    """A positive int field of the config; a missing or null one falls back to ``default`` or is an error."""
+def _field(text: dict, name: str, default: int | None = None) -> int:
+    """A positive int field of the config; a missing or null one is ``default``, or an error when there is none."""
     value = text.get(name)
-    if value is None:
-        if default is None:
-            raise ValueError(f"config: the field {name!r} is missing; the counts need it")
-        return default
-    return _count(f"config[{name!r}]", value, 1)
+    if value is None and default is None:
+        raise ValueError(f"config: the field {name!r} is missing; the counts need it")
+    return _count(f"config[{name!r}]", default if value is None else value, 1)
 
 
 def _dtype_bytes(text: dict, config: dict) -> int:
