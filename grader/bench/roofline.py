@@ -35,8 +35,10 @@ def _sync(device: torch.device):
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
 
 
-def measure_machine(device: torch.device, repeats: int = 5, dtype=torch.float32) -> dict:
-    """This machine's peaks: the best matmul FLOP/s over ``MATMUL_SIZES`` and the copy bandwidth."""
+def measure_machine(device: torch.device | None = None, repeats: int = 5, dtype=torch.float32) -> dict:
+    """This machine's peaks: the best matmul FLOP/s over ``MATMUL_SIZES`` and the copy bandwidth (a copy
+    reads and writes each byte, so it counts twice), with the thread count; ``device`` defaults to the CPU."""
+    device = torch.device("cpu") if device is None else device
     sync, on_cpu = _sync(device), device.type == "cpu"
     matmuls = []
     for n in MATMUL_SIZES:
