@@ -245,3 +245,29 @@ def test_cross_cache_section_agrees_with_recomputing_and_counts_both_parts():
     # 4 decoder layers, 8 KV heads of 32, float32: 2 x 4 x 8 x 32 x 4 bytes per position and row
     assert [(r["self_bytes"], r["cross_bytes"]) for r in rows] == [(8192 * 3, 8192 * n) for n in (64, 256, 1024)]
     assert "9,216,000 B" in bench_k17.lines(rows)[-1]
+
+
+def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(monkeypatch):
+    from grader.bench import roofline
+
+    monkeypatch.setattr(roofline, "MATMUL_SIZES", (32, 64))
+    monkeypatch.setattr(roofline, "STREAM_BYTES", 2**20)
+    monkeypatch.setattr(roofline, "DECODE_STEPS", 2)
+    device = torch.device("cpu")
+    machine = roofline.measure_machine(device, repeats=3)
+    assert machine["peak_flops"] > 0 and machine["bandwidth"] > 0 and machine["threads"] >= 1
+    assert [m["n"] for m in machine["matmul"]] == [32, 64] and machine["stream"]["bytes"] == 2 * 2**20
+    torch.manual_seed(0)
+    model = roofline.Llama(roofline.LlamaConfig(**roofline.LOOP_CONFIG)).eval()
+    config = roofline._config_dict(model.config, "float32")
+    with torch.no_grad():
+        points = roofline.place_loop(model, config, machine, device, repeats=3, prefills=(16, 128), batches=(1, 2))
+    prefill = {p["label"]: p for p in points if p["kind"] == "prefill"}
+    decode = [p for p in points if p["kind"] == "decode"]
+    assert prefill["prefill 128"]["intensity"] > prefill["prefill 16"]["intensity"] > max(p["intensity"] for p in decode)
+    # 2 FLOPs per weight and 4 bytes per weight: a float32 decode of one sequence sits near 0.5 FLOP/byte
+    assert 0.4 < decode[0]["intensity"] < 0.6
+    assert all(p["fraction"] > 0 and p["roof_flops_per_s"] <= machine["peak_flops"] for p in points)
+    result = {"machine": machine, "model": "test", "config": config, "points": points}
+    text = "\n".join(roofline.lines(result))
+    assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text

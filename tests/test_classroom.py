@@ -383,3 +383,14 @@ def test_the_cohort_summary_counts_a_timeout_apart_from_failures():
     text = grading.summary(rows)
     assert "kata 04 · check a: 1 of 2 (and 1 timed out or did not run)" in text, text
     assert "kata 04 · check b: 0 of 2 (and 1 timed out or did not run)" in text, text
+
+
+def test_an_exact_fraction_crosses_as_itself(tmp_path):
+    """A Fraction is data: it crosses to the grader's side exact, not rounded to a float."""
+    from fractions import Fraction
+
+    value = {"intensity": Fraction(2**60 + 1, 3), "pair": (Fraction(1, 3), 2)}
+    assert plain.plain(value) == value and type(plain.plain(value)["intensity"]) is Fraction
+    assert plain.is_data(value)
+    plain.save(tmp_path / "f.pt", value)
+    assert plain.load(tmp_path / "f.pt") == value

@@ -28,6 +28,9 @@
    model's first layers as the draft (kata 12, ``grader.bench.k12``); kata 04's formula, kata 10's hit
    rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench.smollm2``).
 
+``--roofline`` measures only this machine's roofline and places kata 08's loop on it, counted by
+kata 18 (``grader.bench.roofline``).
+
 Everything runs the reference solutions, never the learner's files.
 """
 from __future__ import annotations
@@ -55,6 +58,7 @@ from grader.bench import k14 as bench_k14
 from grader.bench import k15 as bench_k15
 from grader.bench import k17 as bench_k17
 from grader.bench import noise as bench_noise
+from grader.bench import roofline as bench_roofline
 from grader.bench import smollm2 as bench_smollm2
 from grader.bench.fast_paged import FastPagedKVCache
 from grader.bench.k11 import bench_beam
@@ -452,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw append cost and throughput (needs matplotlib)")
     parser.add_argument("--real-model", action="store_true", help="add StreamingLLM and KIVI on SmolLM2 (minutes)")
+    parser.add_argument("--roofline", action="store_true", help="only this machine's roofline with kata 08's loop "
+                        "placed on it (grader.bench.roofline); --plot draws it, --real-model uses SmolLM2")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
@@ -461,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(note, file=sys.stderr)
     torch.set_num_threads(threads)
+    if args.roofline:
+        return roofline_main(args)
     result = run(args.quick, torch.device(args.device), real_model=args.real_model)
     print(json.dumps(result["machine"]))
     for line in (result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"])
@@ -482,6 +490,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         try:
             plot(result, args.plot)
+        except ImportError:
+            print("--plot needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def roofline_main(args) -> int:
+    result = bench_roofline.run(torch.device(args.device), args.real_model, args.quick)
+    print("\n".join(bench_roofline.lines(result)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"results written to {args.json}")
+    if args.plot:
+        try:
+            bench_roofline.plot(result, args.plot)
         except ImportError:
             print("--plot needs matplotlib: pip install matplotlib", file=sys.stderr)
             return 2

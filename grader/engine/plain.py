@@ -7,6 +7,7 @@ again on the other side. Files of it are written with ``torch.save`` and read ba
 from __future__ import annotations
 
 import builtins
+import fractions
 import numbers
 import traceback
 from pathlib import Path
@@ -17,6 +18,9 @@ from grader.engine.core import innermost_learner_function
 from grader.engine.targets import Target
 
 OPAQUE = "__kvkata_opaque__"
+
+# An exact ratio is data too (a Fraction holds two ints); weights_only reads it back once allowed.
+torch.serialization.add_safe_globals([fractions.Fraction])
 
 
 class NotPlain(Exception):
@@ -29,7 +33,7 @@ def plain(value, depth: int = 0):
     if depth > 32:
         raise NotPlain("a structure nested too deep")
     kind = type(value)
-    if value is None or kind in (bool, int, float, str, torch.dtype, torch.device):
+    if value is None or kind in (bool, int, float, str, fractions.Fraction, torch.dtype, torch.device):
         return value
     if kind in (torch.Tensor, torch.nn.Parameter):
         return torch.Tensor.detach(value).clone()
@@ -50,7 +54,8 @@ def is_data(value, depth: int = 0) -> bool:
     """Whether ``value`` is plain data as it stands (nothing with behaviour, such as a model)."""
     if depth > 32:
         return False
-    if value is None or type(value) in (bool, int, float, str, torch.dtype, torch.device, torch.Tensor):
+    if value is None or type(value) in (bool, int, float, str, fractions.Fraction, torch.dtype, torch.device,
+                                        torch.Tensor):
         return True
     if type(value) in (tuple, list, torch.Size):
         return all(is_data(v, depth + 1) for v in value)

@@ -1,0 +1,173 @@
+"""``kvkata bench --roofline``: this machine's roofline, with kata 08's reference loop placed on it.
+
+1. ``measure_machine`` — matrix-multiply FLOP/s at a few square shapes (the best median is the
+   compute roof) and streaming bandwidth from large tensor copies (the memory roof), each the
+   median of repeats with its spread, flagged NOISY as the rest of the bench flags figures
+   (grader.bench.noise);
+2. ``place_loop`` — kata 08's reference ``generate`` on a Llama of ``grader.nn`` (SmolLM2 with
+   ``--real-model``): a prefill alone at 16 … 1,024 prompt tokens, and decode steps at batch 1 … 32,
+   each counted with kata 18's reference (FLOPs and bytes of the forward) and shown as achieved
+   FLOP/s and bytes/s against the roof, and as a fraction of it.
+
+Measured, shown, never graded: the fractions move with the machine's load. Everything runs the
+reference solutions.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from grader import models
+from grader.bench import noise as bench_noise
+from grader.bench.shared import GENERATE_CONFIG, reference
+from grader.nn import Llama, LlamaConfig
+
+MATMUL_SIZES = (256, 1024, 2048)
+STREAM_BYTES = 256 * 2**20  # large enough to leave every cache level
+PREFILLS = (16, 64, 256, 1024)
+DECODE_BATCHES = (1, 4, 32)
+DECODE_PROMPT, DECODE_STEPS = 64, 16
+LOOP_CONFIG = {**GENERATE_CONFIG, "max_position_embeddings": 2048}
+
+
+def _sync(device: torch.device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+
+
+def measure_machine(device: torch.device | None = None, repeats: int = 5, dtype=torch.float32) -> dict:
+    """This machine's peaks: the best matmul FLOP/s over ``MATMUL_SIZES`` and the copy bandwidth (a copy
+    reads and writes each byte, so it counts twice), with the thread count; ``device`` defaults to the CPU."""
+    device = torch.device("cpu") if device is None else device
+    sync, on_cpu = _sync(device), device.type == "cpu"
+    matmuls = []
+    for n in MATMUL_SIZES:
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        a @ b  # warm-up: first calls pick kernels and allocate
+        timing, _ = bench_noise.repeat(lambda: a @ b, repeats, sync, on_cpu)
+        matmuls.append({"n": n, "flops_per_s": 2 * n**3 / timing["median"], **timing})
+    src = torch.empty(STREAM_BYTES // dtype.itemsize, device=device, dtype=dtype).uniform_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    timing, _ = bench_noise.repeat(lambda: dst.copy_(src), repeats, sync, on_cpu)
+    stream = {"bytes": 2 * STREAM_BYTES, "bytes_per_s": 2 * STREAM_BYTES / timing["median"], **timing}  # read + write
+    trusted = [m for m in matmuls if not m["noisy"]] or matmuls
+    return {"device": str(device), "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
+            "matmul": matmuls, "stream": stream, "peak_flops": max(m["flops_per_s"] for m in trusted),
+            "bandwidth": stream["bytes_per_s"], "noisy": any(m["noisy"] for m in matmuls) or stream["noisy"]}
+
+
+def _config_dict(config: LlamaConfig, dtype: str) -> dict:
+    fields = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+              "vocab_size", "head_dim")
+    return {**{f: getattr(config, f) for f in fields}, "torch_dtype": dtype}
+
+
+def _point(kind: str, label: str, flops: int, moved: int, seconds: float, timing: dict, machine: dict) -> dict:
+    """A measured pass on the roofline: achieved rates, the roof at its intensity, the fraction of it."""
+    intensity = flops / moved
+    roof = min(machine["peak_flops"], intensity * machine["bandwidth"])
+    achieved = flops / seconds
+    return {"kind": kind, "label": label, "flops": flops, "bytes": moved, "intensity": intensity,
+            "seconds": seconds, "flops_per_s": achieved, "bytes_per_s": moved / seconds, "roof_flops_per_s": roof,
+            "fraction": achieved / roof, "bound": "compute" if intensity >= machine["peak_flops"] / machine["bandwidth"]
+            else "bandwidth", "spread": timing["spread"], "noisy": timing["noisy"]}
+
+
+def place_loop(model, config: dict, machine: dict, device: torch.device, repeats: int = 3,
+               prefills=PREFILLS, batches=DECODE_BATCHES) -> list[dict]:
+    """Kata 08's loop at each prefill length and decode batch, counted by kata 18's reference."""
+    generate, k18 = reference("08")["generate"], reference("18")
+    sync, on_cpu, vocab = _sync(device), device.type == "cpu", config["vocab_size"]
+    points = []
+    for P in prefills:  # max_new_tokens=1: one forward over the prompt, no decode step
+        prompts = [[(7 * i + 3) % vocab for i in range(P)]]
+        generate(model, prompts, 1)
+        timing, _ = bench_noise.repeat(lambda: generate(model, prompts, 1), repeats, sync, on_cpu)
+        points.append(_point("prefill", f"prefill {P}", k18["forward_flops"](config, 1, P, 0),
+                             k18["forward_bytes"](config, 1, P, 0), timing["median"], timing, machine))
+    for B in batches:  # decode steps: (time of 1 + S new tokens - time of 1) / S, at the steps' mean context
+        prompts = [[(5 * i + b) % vocab for i in range(DECODE_PROMPT)] for b in range(B)]
+        generate(model, prompts, 1 + DECODE_STEPS)
+        short, _ = bench_noise.repeat(lambda: generate(model, prompts, 1), repeats, sync, on_cpu)
+        long, _ = bench_noise.repeat(lambda: generate(model, prompts, 1 + DECODE_STEPS), repeats, sync, on_cpu)
+        step = max(long["median"] - short["median"], 1e-9) / DECODE_STEPS
+        past = DECODE_PROMPT + DECODE_STEPS // 2
+        both = {"spread": long["spread"], "noisy": long["noisy"] or short["noisy"]}
+        points.append(_point("decode", f"decode batch {B}", k18["forward_flops"](config, B, 1, past),
+                             k18["forward_bytes"](config, B, 1, past), step, both, machine))
+    return points
+
+
+def _model(device: torch.device, real_model: bool):
+    if real_model:
+        return models.load(models.SMOLLM2, device=device).model.eval(), "SmolLM2-135M"
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(**LOOP_CONFIG)).to(device).eval(), "the grader.nn Llama (4 layers, width 256)"
+
+
+def run(device: torch.device, real_model: bool = False, quick: bool = False) -> dict:
+    started = time.perf_counter()
+    machine = measure_machine(device, repeats=3 if quick else 5)
+    model, name = _model(device, real_model)
+    config = _config_dict(model.config, "float32")
+    with torch.no_grad():
+        points = place_loop(model, config, machine, device, prefills=PREFILLS[:3] if quick else PREFILLS)
+    return {"machine": machine, "model": name, "config": config, "points": points,
+            "seconds": time.perf_counter() - started}
+
+
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.2f} {unit}"
+
+
+def lines(result: dict) -> list[str]:
+    """What ``kvkata bench --roofline`` prints: the peaks, then one line a measured point."""
+    m = result["machine"]
+    out = [f"roofline of this machine ({m['device']}, {m['threads']} thread(s), {m['dtype']}):"]
+    for mm in m["matmul"]:
+        out.append(f"  matmul {mm['n']}^3: {_si(mm['flops_per_s'], 'FLOP/s')}{bench_noise.mark(mm)}")
+    out.append(f"  stream copy of {m['stream']['bytes'] // 2**20} MiB moved: {_si(m['bandwidth'], 'B/s')}"
+               f"{bench_noise.mark(m['stream'])}")
+    ridge = m["peak_flops"] / m["bandwidth"]
+    out.append(f"  peak {_si(m['peak_flops'], 'FLOP/s')}, bandwidth {_si(m['bandwidth'], 'B/s')}: "
+               f"ridge {ridge:.1f} FLOP/byte")
+    out.append(f"kata 08's reference loop on {result['model']}, counted by kata 18's reference:")
+    for p in result["points"]:
+        noisy = " [NOISY]" if p["noisy"] else ""
+        out.append(f"  {p['label']:>16}: intensity {p['intensity']:8.1f} FLOP/B ({p['bound']}-bound), "
+                   f"{_si(p['flops_per_s'], 'FLOP/s')}, {_si(p['bytes_per_s'], 'B/s')}, "
+                   f"{p['fraction']:.1%} of the roof{noisy}")
+    out.append("Measured, never graded: another program on this machine moves every figure.")
+    return out
+
+
+def plot(result: dict, path: str) -> None:
+    """The roofline with the measured points: prefill right of the ridge, decode left of it."""
+    import matplotlib  # optional: only --plot needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m, points = result["machine"], result["points"]
+    ridge = m["peak_flops"] / m["bandwidth"]
+    lo = min([p["intensity"] for p in points] + [ridge]) / 4
+    hi = max([p["intensity"] for p in points] + [ridge]) * 4
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [min(m["peak_flops"], x * m["bandwidth"]) for x in xs], color="black", label="roofline")
+    ax.axvline(ridge, color="grey", linestyle=":", label=f"ridge {ridge:.1f} FLOP/B")
+    for kind, marker in (("prefill", "o"), ("decode", "s")):
+        chosen = [p for p in points if p["kind"] == kind]
+        ax.scatter([p["intensity"] for p in chosen], [p["flops_per_s"] for p in chosen], marker=marker, label=kind)
+        for p in chosen:
+            ax.annotate(p["label"].split(" ", 1)[1], (p["intensity"], p["flops_per_s"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="FLOPs per byte", ylabel="FLOP/s",
+           title=f"Roofline: {result['model']} on {m['device']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
