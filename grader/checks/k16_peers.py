@@ -161,8 +161,12 @@ def prefill_alone(model, prompt: list[int]) -> tuple[list[tuple[torch.Tensor, to
 
 def sender(model, prompt: list[int], dst: int = 1, header: list[int] | None = None) -> dict:
     """Send the prompt's cache as the README says (or ``header`` alone, when given: a bad one)."""
-    if header is not None:
+    if header is not None:  # a bad header, then zeros of the sizes it announces: a receiver that goes on never hangs
         dist.send(torch.tensor(header, dtype=torch.int64), dst)
+        if header[6] in CODES and min(header[2:6]) >= 1:
+            for _ in range(2 * header[2]):
+                dist.send(torch.zeros(1, header[4], header[3], header[5], dtype=CODES[header[6]]), dst)
+            dist.send(torch.zeros(1, dtype=torch.int64), dst)
         return {"sent": "header"}
     layers, first = prefill_alone(model, prompt)
     code = {dtype: code for code, dtype in CODES.items()}[model.dtype]
