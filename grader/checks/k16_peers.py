@@ -14,6 +14,8 @@ time instead of now and then. A watched cache notes each layer's update in the s
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.distributed as dist
 
@@ -181,6 +183,15 @@ def sender(model, prompt: list[int], dst: int = 1, header: list[int] | None = No
 
 
 # -- running a pair and reading its outcome -----------------------------------------------------------
+def live(fn, *args, **kwargs):
+    """``fn``, a learner's function fetched in this process, checked before it goes to a child: where it
+    is not a live function (the cohort's replay stands in for it, knowing only what the learner's own
+    process recorded), it is called here, where it answers at once that the learner's process must judge."""
+    if not inspect.isfunction(fn):
+        fn(*args, **kwargs)
+    return fn
+
+
 def pair(c, ex: dict, rank0, rank1, learner: tuple[int, ...]) -> list:
     """Run the two ranks; the values both returned. A learner rank that raised becomes its crash (or
     "not implemented yet"), a hang a timeout, a grader rank that failed a failure saying what it saw."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.k16_peers import MAGIC, VERSION, sender
+from grader.checks.k16_peers import MAGIC, VERSION, live, sender
 from grader.checks.k16_runs import model_of, prompt_of
 from grader.checks.support import gloo
 from grader.engine.core import NotImplementedYet
@@ -35,20 +35,21 @@ def _attempts(calls) -> list:
 def bad_calls(c, ex: dict, side: str) -> list:
     """The learner's worker called with each bad argument in one rank; the other rank sends nothing."""
     model = model_of(ex)
-    vocab, api = model.config.vocab_size, c.t
+    vocab = model.config.vocab_size
     if side == "prefill":
-        p = prompt_of(ex, vocab)
-        calls = [(f"prefill_worker with prompt {bad!r}", "prompt", lambda bad=bad: api.prefill_worker(model, bad))
+        p, prefill = prompt_of(ex, vocab), live(c.t.prefill_worker, model, [])
+        calls = [(f"prefill_worker with prompt {bad!r}", "prompt", lambda bad=bad: prefill(model, bad))
                  for bad in ([], None, [1, vocab], [-1, 2], [1, 2.0])]
         calls += [(f"prefill_worker in rank 0 with dst={bad!r}", "dst",
-                   lambda bad=bad: api.prefill_worker(model, p, dst=bad)) for bad in (0, 2, -1, "1")]
+                   lambda bad=bad: prefill(model, p, dst=bad)) for bad in (0, 2, -1, "1")]
         calls += [(f"prefill_worker with layerwise={bad!r}", "layerwise",
-                   lambda bad=bad: api.prefill_worker(model, p, layerwise=bad)) for bad in ("yes", 1)]
+                   lambda bad=bad: prefill(model, p, layerwise=bad)) for bad in ("yes", 1)]
         got, _ = _run(c, lambda: _attempts(calls), lambda: None)
     else:
+        decode = live(c.t.decode_worker, model, -1)
         calls = [(f"decode_worker with max_new_tokens={bad!r}", "max_new_tokens",
-                  lambda bad=bad: api.decode_worker(model, bad)) for bad in (-1, 2.5, None)]
-        calls += [(f"decode_worker in rank 1 with src={bad!r}", "src", lambda bad=bad: api.decode_worker(model, 3, src=bad))
+                  lambda bad=bad: decode(model, bad)) for bad in (-1, 2.5, None)]
+        calls += [(f"decode_worker in rank 1 with src={bad!r}", "src", lambda bad=bad: decode(model, 3, src=bad))
                   for bad in (1, 2, -1, "0")]
         _, got = _run(c, lambda: None, lambda: _attempts(calls))
     return got
@@ -72,7 +73,8 @@ def _stub(c, o) -> None:
 def bad_header_outcome(c, ex: dict, header: list[int]):
     """What the learner's decode worker raised on receiving ``header`` alone (None: nothing)."""
     model = model_of(ex)
-    outcomes = gloo.run_pair(lambda: sender(model, [], header=header), lambda: c.t.decode_worker(model, 3))
+    decode = live(c.t.decode_worker, model, 3)
+    outcomes = gloo.run_pair(lambda: sender(model, [], header=header), lambda: decode(model, 3))
     o = outcomes[1]
     _stub(c, o)
     return (o.error, o.message) if o.status == "raised" else None

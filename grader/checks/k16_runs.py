@@ -13,7 +13,7 @@ import numbers
 import torch
 from hypothesis import strategies as st
 
-from grader.checks.k16_peers import Wire, pair, prefill_alone, receiver, sender, watched
+from grader.checks.k16_peers import Wire, live, pair, receiver, sender, watched
 from grader.checks.support.common import SEEDS, tiny_llama
 from grader.checks.support.models import TIE, first_wrong, greedy_alone
 from grader.engine import report
@@ -62,11 +62,12 @@ def prefill_exchange(c, api, ex: dict) -> dict:
     """The learner's (or reference's) prefill_worker in rank 0, the grader's receiver in rank 1."""
     model = model_of(ex)
     prompt = prompt_of(ex, model.config.vocab_size)
-    wire = Wire()
+    wire, layerwise = Wire(), ex.get("layerwise", False)
+    prefill = live(api.prefill_worker, model, list(prompt), dst=1, layerwise=layerwise)
 
     def rank0():
         wire.install()
-        stats = api.prefill_worker(watched(model, wire), list(prompt), dst=1, layerwise=ex.get("layerwise", False))
+        stats = prefill(watched(model, wire), list(prompt), dst=1, layerwise=layerwise)
         return {"stats": stats, "events": wire.events, "messages": wire.messages}
     got, seen = pair(c, ex, rank0, receiver, learner=(0,))
     return {"model": model, "prompt": prompt, "stats": got["stats"], "events": got["events"],
@@ -78,9 +79,10 @@ def decode_exchange(c, api, ex: dict, header: list[int] | None = None) -> dict:
     model = model_of(ex)
     prompt = prompt_of(ex, model.config.vocab_size)
     eos, wire = eos_of(ex, model, prompt), Wire()
+    decode = live(api.decode_worker, model, ex["max_new_tokens"], src=0, eos_token_id=eos)
 
     def rank1():
-        tokens = api.decode_worker(watched(model, wire), ex["max_new_tokens"], src=0, eos_token_id=eos)
+        tokens = decode(watched(model, wire), ex["max_new_tokens"], src=0, eos_token_id=eos)
         return {"tokens": tokens, "events": wire.events}
     sent, got = pair(c, ex, lambda: sender(model, prompt, header=header), rank1, learner=(1,))
     return {"model": model, "prompt": prompt, "eos": eos, "tokens": got["tokens"], "events": got["events"],
@@ -95,13 +97,15 @@ def both_exchange(c, api, ex: dict, requests: int = 1) -> dict:
         [ex.get("layerwise", False)]
     eos = eos_of(ex, model, prompts[0])
     wire = Wire()
+    prefill = live(api.prefill_worker, model, list(prompts[0]), dst=1, layerwise=modes[0])
+    decode = live(api.decode_worker, model, ex["max_new_tokens"], src=0, eos_token_id=eos)
 
     def rank0():
         wire.install()
-        return [api.prefill_worker(model, list(p), dst=1, layerwise=m) for p, m in zip(prompts, modes)]
+        return [prefill(model, list(p), dst=1, layerwise=m) for p, m in zip(prompts, modes)]
 
     def rank1():
-        return [api.decode_worker(model, ex["max_new_tokens"], src=0, eos_token_id=eos) for _ in prompts]
+        return [decode(model, ex["max_new_tokens"], src=0, eos_token_id=eos) for _ in prompts]
     stats, tokens = pair(c, ex, rank0, rank1, learner=(0, 1))
     return {"model": model, "prompts": prompts, "eos": eos, "stats": stats, "tokens": tokens, "messages": wire.messages}
 
