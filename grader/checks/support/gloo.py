@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 PG_TIMEOUT = 10.0  # seconds a receive may wait for its peer before gloo gives up
+GRACE = 2.0  # seconds the peer of a failed rank has to report (its receive fails within milliseconds)
 DEADLINE = 20.0  # seconds a whole pair may take; a child still running then ends itself
 _STORE: list = []  # the TCPStore this process owns (made on first use)
 _RUNS = itertools.count()
@@ -85,8 +86,11 @@ def _child(rank: int, fn: Callable, port: int, prefix: str, out: int, go: int, d
             outcome = Outcome("ok", value=fn())
         except BaseException as exc:  # the learner's error, as text: it is shown to them
             outcome = _raised(exc)
-        with os.fdopen(out, "wb") as stream:
-            pickle.dump(outcome, stream)
+        try:
+            with os.fdopen(out, "wb") as stream:
+                pickle.dump(outcome, stream)
+        except BrokenPipeError:  # the parent stopped listening (its peer failed first): nothing to tell
+            os._exit(0)
         if outcome.status == "ok":
             os.read(go, 1)  # returns when the parent closes its end
     except BaseException:  # the grader's own failure (rendezvous, pickling): say so on stderr
@@ -140,8 +144,8 @@ def _collect(outs: dict, pids: list[int], deadline: float) -> list[Outcome]:
         for fd in ready:
             rank = pending.pop(fd)
             outcomes[rank] = _read(fd, pids[rank])
-            if outcomes[rank].status != "ok":  # one side failed: the other cannot finish, stop waiting
-                pending.clear()
+            if outcomes[rank].status != "ok":  # one side failed: the other's receive fails at once, or it is stuck
+                stop = min(stop, time.monotonic() + GRACE)
     failed = any(o is not None and o.status != "ok" for o in outcomes)
     return [o if o is not None else Outcome("stopped" if failed else "hung") for o in outcomes]
 
