@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from grader import manifest
-from grader.checks.k16_peers import prefill_alone
+from grader.checks.k16_peers import PlainCache, prefill_alone
 from grader.checks.support.gloo import run_pair
 from grader.engine import targets
 from grader.nn import Llama, LlamaConfig
@@ -78,8 +78,7 @@ def _one(ns, model, prompt, layerwise: bool, new_tokens: int) -> dict:
 
 def _one_process(model, prompt, new_tokens: int) -> float:
     """Seconds of one process's decode steps after its own prefill (kata 08's loop, plain cache)."""
-    from grader.checks.k16_peers import _PlainCache
-    cache = _PlainCache()
+    cache = PlainCache()
     with torch.no_grad():
         logits = model(torch.tensor([prompt]), position_ids=torch.arange(len(prompt))[None], cache=cache)
         token, began = int(logits[0, -1].argmax()), time.perf_counter()

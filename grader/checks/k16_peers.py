@@ -139,7 +139,7 @@ def receiver(src: int = 0) -> dict:
     return {"header": h, "kv": kv, "first": int(first)}
 
 
-class _PlainCache:
+class PlainCache:
     def __init__(self):
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -156,7 +156,7 @@ class _PlainCache:
 @torch.no_grad()
 def prefill_alone(model, prompt: list[int]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
     """The prompt's (K, V) per layer, as the model stores them, and its greedy first token."""
-    cache = _PlainCache()
+    cache = PlainCache()
     logits = model(torch.tensor([prompt]), position_ids=torch.arange(len(prompt))[None], cache=cache)
     return [cache.layers[i] for i in range(len(cache.layers))], int(logits[0, -1].argmax())
 
