@@ -77,7 +77,8 @@ def _child(rank: int, fn: Callable, port: int, prefix: str, out: int, go: int, d
     code = 0
     try:
         torch.set_num_threads(1)  # first: a forked child with the parent's thread pool deadlocks in matmul
-        faulthandler.dump_traceback_later(deadline, exit=True)  # a compute loop says where it was, then ends
+        faulthandler.dump_traceback_later(deadline, exit=True, file=2)  # a compute loop says where it was (fd 2:
+        # a notebook kernel's sys.stderr has no file descriptor), then ends
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=PG_TIMEOUT))
         dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=2,
