@@ -53,6 +53,7 @@ def _bad_headers():
     return [("an int32 header", t(good, torch.int32)), ("7 fields", t(good[:7])), ("9 fields", t(good + [0])),
             ("a wrong magic", t([MAGIC + 1] + good[1:])), ("version 2", t(good[:1] + [2] + good[2:])),
             ("n_layers 0", t(good[:2] + [0] + good[3:])), ("seq_len -1", t(good[:3] + [-1] + good[4:])),
+            ("n_kv_heads 0", t(good[:4] + [0] + good[5:])), ("head_dim 0", t(good[:5] + [0] + good[6:])),
             ("dtype code 9", t(good[:6] + [9, 0])), ("a last field of 1", t(good[:7] + [1])),
             ("a list", list(good)), ("a (1, 8) tensor", t([good]))]
 
@@ -122,7 +123,8 @@ def messages_reject_bad_input(ctx):
         tries = [("an empty list", []), ("None", None), ("a pair of one tensor", [(k,)]), ("a 3-D K", [(k[0], k[0])]),
                  ("V shorter than K", [(k, k[:, :, :2])]), ("a second layer of another dtype", [(k, k), (k.float(), k.float())]),
                  ("a second layer with more tokens", [(k, k), (randn(2, 1, 2, 4, 4),) * 2]),
-                 ("batch 2", [(randn(3, 2, 2, 3, 4),) * 2]), ("a list in place of V", [(k, [1.0])])]
+                 ("batch 2", [(randn(3, 2, 2, 3, 4),) * 2]), ("a list in place of V", [(k, [1.0])]),
+                 ("a triple (K, V, K)", [(k, k, k)]), ("a 5-D K and V", [(randn(4, 1, 1, 2, 3, 4),) * 2])]
         for what, layers in tries:
             expect_value_error(c, c.t.kv_messages, layers, what=f"kv_messages with {what}", names=("layers",), example=ex)
 

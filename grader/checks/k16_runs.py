@@ -62,12 +62,13 @@ def prefill_exchange(c, api, ex: dict) -> dict:
     """The learner's (or reference's) prefill_worker in rank 0, the grader's receiver in rank 1."""
     model = model_of(ex)
     prompt = prompt_of(ex, model.config.vocab_size)
-    wire, layerwise = Wire(), ex.get("layerwise", False)
-    prefill = live(api.prefill_worker, model, list(prompt), dst=1, layerwise=layerwise)
+    wire = Wire()
+    mode = {"layerwise": ex["layerwise"]} if "layerwise" in ex else {}  # absent: the default, whole-cache
+    prefill = live(api.prefill_worker, model, list(prompt), dst=1, **mode)
 
     def rank0():
         wire.install()
-        stats = prefill(watched(model, wire), list(prompt), dst=1, layerwise=layerwise)
+        stats = prefill(watched(model, wire), list(prompt), dst=1, **mode)
         return {"stats": stats, "events": wire.events, "messages": wire.messages}
     got, seen = pair(c, ex, rank0, receiver, learner=(0,))
     return {"model": model, "prompt": prompt, "stats": got["stats"], "events": got["events"],

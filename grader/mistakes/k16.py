@@ -9,14 +9,14 @@ MISTAKES = [
             "strides happened to be.",
         hint="What does gloo read when it sends a tensor: the elements in index order, or the bytes of its storage? "
              "Make each message contiguous in the layout the README names.",
-        edits=(('out.append(x.detach().to("cpu").contiguous())', 'out.append(x.detach().to("cpu"))'),),
+        edits=(('out.append(x.to("cpu").contiguous())', 'out.append(x.to("cpu"))'),),
     ),
     Mistake(
         name="token-major layout on the wire",
         why="the messages are laid out (1, P, Hkv, D) while the receiver reads (1, Hkv, P, D) from the same bytes: "
             "heads and tokens are scrambled and nothing raises (the layout mismatch of TensorRT-LLM #6507).",
         hint="Both sides must agree on one layout. Which order does the README fix for the dimensions of K and V?",
-        edits=(('out.append(x.detach().to("cpu").contiguous())', 'out.append(x.detach().to("cpu").transpose(1, 2).contiguous())'),),
+        edits=(('out.append(x.to("cpu").contiguous())', 'out.append(x.to("cpu").transpose(1, 2).contiguous())'),),
     ),
     Mistake(
         name="V sent before K",

@@ -54,17 +54,17 @@ def kv_messages(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.T
     """
     if not isinstance(layers, (list, tuple)) or len(layers) == 0:
         raise ValueError(f"layers: expected a non-empty list of (K, V) pairs, got {layers!r}")
-    first = layers[0][0] if isinstance(layers[0], (list, tuple)) and len(layers[0]) == 2 else None
-    out = []
+    out: list[torch.Tensor] = []
     for i, pair in enumerate(layers):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise ValueError(f"layers: expected (K, V) pairs, got {type(pair).__name__} at layer {i}")
         for x in pair:
-            if (not isinstance(x, torch.Tensor) or not isinstance(first, torch.Tensor) or x.dim() != 4
-                    or x.shape != first.shape or x.dtype != first.dtype or x.shape[0] != 1):
+            like = out[0] if out else x  # layer 0's K sets the shape and dtype of every message
+            if (not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[0] != 1 or x.shape != like.shape
+                    or x.dtype != like.dtype):
                 got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
                 raise ValueError(f"layers: expected every K and V (1, Hkv, P, D) like layer 0's K, got {got} at layer {i}")
-            out.append(x.detach().to("cpu").contiguous())  # (1, Hkv, P, D): heads, then tokens, then the width
+            out.append(x.to("cpu").contiguous())  # (1, Hkv, P, D): heads, then tokens, then the width
     return out
 
 
@@ -85,24 +85,21 @@ def _check_prompt(model, prompt) -> list[int]:
 
 
 class _SendingCache:
-    """A plain cache that, in layer-wise mode, starts sending each layer inside its update."""
+    """A plain cache that, in layer-wise mode, starts sending each layer to ``dst`` inside its update."""
 
-    def __init__(self, dst: int | None, group):
+    def __init__(self, layerwise: bool, dst: int, group):
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.dst, self.group, self.pending = dst, group, []  # pending: (work, tensor) still in flight
+        self.layerwise, self.dst, self.group, self.pending = layerwise, dst, group, []  # pending: (work, tensor)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if layer in self.layers:
             k = torch.cat([self.layers[layer][0], k], dim=2)  # (1, Hkv, S + T, D)
             v = torch.cat([self.layers[layer][1], v], dim=2)
         self.layers[layer] = (k, v)
-        if self.dst is not None:  # layer-wise: this layer is final (one prefill forward), send it now
+        if self.layerwise:  # this layer is final (one prefill forward): send it now
             for message in kv_messages([(k, v)]):  # fresh contiguous tensors, one per send, alive until waited
                 self.pending.append((dist.isend(message, self.dst, group=self.group), message))
         return k, v
-
-    def seq_len(self, layer: int = 0) -> int:
-        return self.layers[layer][0].shape[2] if layer in self.layers else 0
 
 
 @torch.inference_mode()
@@ -119,7 +116,7 @@ def prefill_worker(model, prompt: list[int], *, dst: int = 1, group=None, layerw
                            head_dim=cfg.head_dim, dtype=model.dtype)
     if layerwise:
         dist.send(header, dst, group=group)  # the length is known before the forward
-    cache = _SendingCache(dst if layerwise else None, group)
+    cache = _SendingCache(layerwise, dst, group)
     ids = torch.tensor([prompt], device=model.device)  # (1, P)
     logits = model(ids, position_ids=torch.arange(P, device=model.device)[None], cache=cache)  # (1, P, V)
     first = int(logits[0, -1].argmax())
@@ -147,7 +144,7 @@ def _receive(model, src: int, group) -> tuple[_SendingCache, int, int]:
             raise ValueError(f"header: announces {key} = {h[key]}, but the decode model has {value}")
     if h["dtype"] != model.dtype:
         raise ValueError(f"model: its dtype {model.dtype} differs from the cache's {h['dtype']} in the header")
-    cache = _SendingCache(None, group)
+    cache = _SendingCache(False, src, group)
     for layer in range(h["n_layers"]):
         kv = []
         for _ in range(2):  # K, then V
@@ -169,7 +166,7 @@ def decode_worker(model, max_new_tokens: int, *, src: int = 0, group=None, eos_t
     src = _rank_arg("src", src, group)
     cache, P, token = _receive(model, src, group)
     out = [token][:max_new_tokens]
-    while 0 < len(out) < max_new_tokens and out[-1] != eos_token_id:
+    while len(out) < max_new_tokens and out[-1] != eos_token_id:
         position = P + len(out) - 1  # the newest token is fed right after everything the cache holds
         ids = torch.tensor([[out[-1]]], device=model.device)  # (1, 1)
         logits = model(ids, position_ids=torch.tensor([[position]], device=model.device), cache=cache)
