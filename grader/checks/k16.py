@@ -24,6 +24,13 @@ LARGE = {"prompt_len": 260, "heads": (16, 4), "layers": 1}  # positions past 256
 def _prefill_body(c, ex):
     r = prefill_exchange(c, c.t, ex)
     P, model = len(r["prompt"]), r["model"]
+    if not ex.get("layerwise"):  # whole-cache (the default): one forward, then every message
+        kinds = [e[0] for e in r["events"]]
+        last = max((i for i, kind in enumerate(kinds) if kind == "update"), default=-1)
+        if any(kind in ("send", "isend") for kind in kinds[:last]):
+            c.fail("whole-cache mode (layerwise=False, the default) sends nothing before the forward is over: "
+                   f"your timeline was {' → '.join(f'{e[0]} {e[1]}' for e in r['events'] if e[0] != 'forward')}",
+                   ex, ("sent during the forward",))
     stats, wire = judge_stats(c, ex, model, P, r["stats"]), r["wire"]
     if wire["kv"] is None:
         c.fail(f"the header the grader received, {wire['header']}, is not the README's (magic {0x4B563136}, "

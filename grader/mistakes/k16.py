@@ -77,12 +77,12 @@ MISTAKES = [
         why="every layer is copied into the same staging tensor and isent from it; a later layer overwrites it while "
             "an earlier send is still in flight, so what arrives depends on timing (TensorRT-LLM #15546, sglang #31239).",
         hint="An isend may read its tensor at any moment until wait(). Which tensor does each of your sends own?",
-        edits=(("                self.pending.append((dist.isend(message, self.dst, group=self.group), message))",
-                "                self.staging = getattr(self, 'staging', None)\n"
-                "                if self.staging is None or self.staging.shape != message.shape:\n"
-                "                    self.staging = torch.empty_like(message)\n"
-                "                self.staging.copy_(message)\n"
-                "                self.pending.append((dist.isend(self.staging, self.dst, group=self.group), message))"),),
+        edits=(("            self.pending.append((dist.isend(message, self.dst, group=self.group), message))",
+                "            self.staging = getattr(self, 'staging', None)\n"
+                "            if self.staging is None or self.staging.shape != message.shape:\n"
+                "                self.staging = torch.empty_like(message)\n"
+                "            self.staging.copy_(message)\n"
+                "            self.pending.append((dist.isend(self.staging, self.dst, group=self.group), message))"),),
     ),
     Mistake(
         name="wait right after each isend",
@@ -90,8 +90,8 @@ MISTAKES = [
             "forward stops at every layer until its bytes are gone, so nothing overlaps and layer-wise costs what "
             "whole-cache costs.",
         hint="Where is the one wait() the README asks for, and what runs while a layer's send is in flight?",
-        edits=(("                self.pending.append((dist.isend(message, self.dst, group=self.group), message))",
-                "                dist.isend(message, self.dst, group=self.group).wait()"),),
+        edits=(("            self.pending.append((dist.isend(message, self.dst, group=self.group), message))",
+                "            dist.isend(message, self.dst, group=self.group).wait()"),),
     ),
     Mistake(
         name="dtype of the header not checked",

@@ -84,21 +84,31 @@ def _check_prompt(model, prompt) -> list[int]:
     return list(prompt)
 
 
-class _SendingCache:
-    """A plain cache that, in layer-wise mode, starts sending each layer to ``dst`` inside its update."""
+class _Cache:
+    """A plain cache: one growing (K, V) per layer."""
 
-    def __init__(self, layerwise: bool, dst: int, group):
+    def __init__(self):
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.layerwise, self.dst, self.group, self.pending = layerwise, dst, group, []  # pending: (work, tensor)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if layer in self.layers:
             k = torch.cat([self.layers[layer][0], k], dim=2)  # (1, Hkv, S + T, D)
             v = torch.cat([self.layers[layer][1], v], dim=2)
         self.layers[layer] = (k, v)
-        if self.layerwise:  # this layer is final (one prefill forward): send it now
-            for message in kv_messages([(k, v)]):  # fresh contiguous tensors, one per send, alive until waited
-                self.pending.append((dist.isend(message, self.dst, group=self.group), message))
+        return k, v
+
+
+class _SendingCache(_Cache):
+    """Layer-wise mode: the cache starts sending each layer to ``dst`` inside its update."""
+
+    def __init__(self, dst: int, group):
+        super().__init__()
+        self.dst, self.group, self.pending = dst, group, []  # pending: (work, tensor) still in flight
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = super().update(layer, k, v)  # one prefill forward: this layer is final, send it now
+        for message in kv_messages([(k, v)]):  # fresh contiguous tensors, one per send, alive until waited
+            self.pending.append((dist.isend(message, self.dst, group=self.group), message))
         return k, v
 
 
@@ -116,7 +126,7 @@ def prefill_worker(model, prompt: list[int], *, dst: int = 1, group=None, layerw
                            head_dim=cfg.head_dim, dtype=model.dtype)
     if layerwise:
         dist.send(header, dst, group=group)  # the length is known before the forward
-    cache = _SendingCache(layerwise, dst, group)
+    cache = _SendingCache(dst, group) if layerwise else _Cache()
     ids = torch.tensor([prompt], device=model.device)  # (1, P)
     logits = model(ids, position_ids=torch.arange(P, device=model.device)[None], cache=cache)  # (1, P, V)
     first = int(logits[0, -1].argmax())
@@ -133,7 +143,7 @@ def prefill_worker(model, prompt: list[int], *, dst: int = 1, group=None, layerw
             "messages": len(messages) + 2}
 
 
-def _receive(model, src: int, group) -> tuple[_SendingCache, int, int]:
+def _receive(model, src: int, group) -> tuple[_Cache, int, int]:
     """The header, every layer into a cache on the model's device, the first token: (cache, P, first)."""
     header = torch.empty(HEADER_LEN, dtype=torch.int64)
     dist.recv(header, src, group=group)
@@ -144,7 +154,7 @@ def _receive(model, src: int, group) -> tuple[_SendingCache, int, int]:
             raise ValueError(f"header: announces {key} = {h[key]}, but the decode model has {value}")
     if h["dtype"] != model.dtype:
         raise ValueError(f"model: its dtype {model.dtype} differs from the cache's {h['dtype']} in the header")
-    cache = _SendingCache(False, src, group)
+    cache = _Cache()
     for layer in range(h["n_layers"]):
         kv = []
         for _ in range(2):  # K, then V
