@@ -141,7 +141,7 @@ def receiver(src: int = 0) -> dict:
 
 class PlainCache:
     def __init__(self):
-        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layers = {}  # layer -> (K, V), each (B, Hkv, S, D)
 
     def update(self, layer, k, v):
         if layer in self.layers:
