@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grader.nn import LlamaAttention, LlamaConfig, LlamaMLP, RMSNorm, attend, rope_cos_sin, rope_inv_freq
+from grader.nn import (LlamaAttention, LlamaConfig, LlamaDecoderLayer, LlamaMLP, RMSNorm, attend, rope_cos_sin,
+                       rope_inv_freq)
 
 
 @dataclass
@@ -48,19 +49,6 @@ class CrossAttentionBlock(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))  # (B, T, d)
 
 
-class EncoderLayer(nn.Module):
-    def __init__(self, config: Seq2SeqConfig, layer_idx: int):
-        super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, h, cos, sin, mask) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, None, mask)  # (B, S, d), no cache
-        return h + self.mlp(self.post_attention_layernorm(h))  # (B, S, d)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: Seq2SeqConfig, layer_idx: int, cross_attention: type):
         super().__init__()
@@ -87,7 +75,8 @@ class Seq2Seq(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)  # shared by both sides
-        self.encoder_layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_encoder_layers))
+        self.encoder_layers = nn.ModuleList(  # pre-norm blocks as the decoder-only Llama's, fed a two-way mask
+            LlamaDecoderLayer(config, i) for i in range(config.num_encoder_layers))
         self.encoder_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.decoder_layers = nn.ModuleList(DecoderLayer(config, i, cross_attention)
                                             for i in range(config.num_hidden_layers))
@@ -127,7 +116,7 @@ class Seq2Seq(nn.Module):
         cos, sin = self._rope(positions)
         h = self.embed_tokens(src)  # (B, S, d)
         for layer in self.encoder_layers:
-            h = layer(h, cos, sin, scores)
+            h = layer(h, cos, sin, None, scores)  # (B, S, d), no cache
         return self.encoder_norm(h)  # (B, S, d)
 
     def decode(self, ids, positions, encoder_out, encoder_mask=None, cache=None) -> torch.Tensor:
