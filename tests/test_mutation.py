@@ -80,8 +80,14 @@ def test_a_bad_entry_of_the_list_is_a_clear_error(tmp_path):
         summary.equivalents(bad)
 
 
+# Katas 14-17 grade each mutant through real process pairs, stand-in devices or a seq2seq model: their
+# 1,151 mutants take longer than CI allows beside everything else, so their figures come from
+# `python -m grader.mutation 14 15 16 17` (grader/mutation_report.md), run when their checks change.
+WHOLE_RUN_IN_CI = [k for k in manifest.load() if k not in ("14", "15", "16", "17")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kata_id", list(manifest.load()))
+@pytest.mark.parametrize("kata_id", WHOLE_RUN_IN_CI)
 def test_every_non_equivalent_mutant_is_killed(kata_id):
     outcomes = runner.run(kata_id, jobs=2)
     figures = summary.figures(kata_id, outcomes, summary.equivalents())
