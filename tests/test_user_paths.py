@@ -86,12 +86,16 @@ def _record_line(name: str, data: bytes) -> str:
 
 
 def _torch_wheel(wheelhouse: Path, farm: Path) -> Path:
-    """A wheel named torch, at this process' torch version, whose only file puts ``farm`` on the path."""
+    """A wheel named torch, at this process' torch version, whose only file puts ``farm`` on the path. It
+    carries torch's entry points: newer torch registers its process-group backends (gloo) through them."""
     version = metadata.version("torch")
     info = f"torch-{version}.dist-info"
     files = {"torch_from_this_machine.pth": f"{farm}\n".encode(),
              f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n".encode(),
              f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    entry_points = metadata.distribution("torch").read_text("entry_points.txt")
+    if entry_points:
+        files[f"{info}/entry_points.txt"] = entry_points.encode()
     record = "\n".join([_record_line(n, d) for n, d in files.items()] + [f"{info}/RECORD,,"]) + "\n"
     path = wheelhouse / f"torch-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as wheel:
