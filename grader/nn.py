@@ -334,15 +334,19 @@ class Llama(nn.Module):
             with safe_open(str(found["model.embed_tokens.weight"]), framework="pt") as f:
                 stored = f.get_slice("model.embed_tokens.weight").get_dtype()
             dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}.get(stored, torch.float32)
-        model = model.to(dtype).to_empty(device=device or "cpu")
-        params = model.state_dict()
-        with torch.no_grad():
-            for path in sorted(set(found.values())):
-                with safe_open(str(path), framework="pt") as f:
-                    for name in (n for n in f.keys() if n in wanted):
-                        params[name].copy_(f.get_tensor(name))
+        # In place: safetensors maps each tensor from the file privately (copy-on-write), so in the
+        # checkpoint's dtype on the CPU the parameters are the file's pages, read on first use; nothing
+        # is allocated and copied up front. Another dtype or device converts, once.
+        tensors = {}
+        for path in sorted(set(found.values())):
+            with safe_open(str(path), framework="pt") as f:
+                for name in (n for n in f.keys() if n in wanted):
+                    tensors[name] = f.get_tensor(name).to(device=device or "cpu", dtype=dtype)
         if model.config.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight  # to_empty made two copies
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+        model.load_state_dict(tensors, assign=True)
+        if model.config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight  # one parameter, as the checkpoint stores it
         return model.eval()
 
     def save_pretrained(self, folder, max_shard_size: int | None = None) -> None:

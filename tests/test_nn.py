@@ -235,6 +235,21 @@ def test_tied_embeddings_are_stored_once_and_loaded_tied(tmp_path):
     _same_model(model, loaded)
 
 
+def test_loaded_in_place_the_weights_are_the_files_own_and_writes_never_reach_it(tmp_path):
+    model = _model(8, tie_word_embeddings=True)
+    model.save_pretrained(tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    loaded = Llama.from_pretrained(tmp_path)
+    for p in loaded.parameters():
+        assert p.device.type == "cpu" and p.dtype == torch.float64 and p.requires_grad
+    with torch.no_grad():  # a check that perturbs a weight in place must not change the checkpoint
+        for p in loaded.parameters():
+            p.add_(1.0)
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+    _same_model(model, Llama.from_pretrained(tmp_path))
+    assert Llama.from_pretrained(tmp_path, dtype=torch.float32).lm_head.weight.dtype == torch.float32
+
+
 def _write_checkpoint(folder, model: Llama, *, config_changes=None, shards=2, drop=(), reshape=()):
     """A Hugging Face style sharded checkpoint written by hand, independently of save_pretrained."""
     from safetensors.torch import save_file
