@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from grader import grade, paged
@@ -268,6 +269,33 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
     # 2 FLOPs per weight and 4 bytes per weight: a float32 decode of one sequence sits near 0.5 FLOP/byte
     assert 0.4 < decode[0]["intensity"] < 0.6
     assert all(p["fraction"] > 0 and p["roof_flops_per_s"] <= machine["peak_flops"] for p in points)
+    # the roof is the best streaming figure, read-only or copy; the matmuls alone are a part of the step
+    assert machine["bandwidth"] == max(machine["stream"]["bytes_per_s"], machine["read"]["bytes_per_s"])
+    for p in decode:
+        assert 0 < p["matmul_share"] <= 1 and p["matmul_fraction"] >= p["fraction"] * 0.999
     result = {"machine": machine, "model": "test", "config": config, "points": points}
     text = "\n".join(roofline.lines(result))
-    assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text
+    assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text and "weight matmuls alone" in text
+
+
+def test_the_roofline_sets_transformers_generate_beside_the_loop_on_the_same_weights(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from grader.bench import roofline
+
+    monkeypatch.setattr(roofline, "DECODE_STEPS", 2)
+    torch.manual_seed(0)
+    model = roofline.Llama(roofline.LlamaConfig(**roofline.LOOP_CONFIG)).eval()
+    model.save_pretrained(tmp_path)
+    device, config = torch.device("cpu"), roofline._config_dict(model.config, "float32")
+    machine = {"peak_flops": 1e10, "bandwidth": 1e10}
+    hf = roofline.transformers_model(tmp_path, device)
+    points = roofline.place_transformers(hf, config, machine, device, repeats=3, batches=(2,))
+    ours = roofline.place_loop(model, config, machine, device, repeats=3, prefills=(), batches=(2,))
+    assert [p["kind"] for p in points] == ["transformers"] and points[0]["label"] == "transformers batch 2"
+    # the same counts: the same forward, only the loop differs
+    assert (points[0]["flops"], points[0]["bytes"]) == (ours[0]["flops"], ours[0]["bytes"]) and points[0]["seconds"] > 0
+    prompts = roofline._decode_prompts(2, config["vocab_size"])
+    ids = torch.tensor(prompts)
+    theirs = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                         do_sample=False, pad_token_id=0, eos_token_id=None)[:, ids.shape[1]:].tolist()
+    assert roofline.reference("08")["generate"](model, prompts, 4) == theirs  # the same weights, the same tokens

@@ -7,7 +7,12 @@
 2. ``place_loop`` — kata 08's reference ``generate`` on a Llama of ``grader.nn`` (SmolLM2 with
    ``--real-model``): a prefill alone at 16 … 1,024 prompt tokens, and decode steps at batch 1 … 32,
    each counted with kata 18's reference (FLOPs and bytes of the forward) and shown as achieved
-   FLOP/s and bytes/s against the roof, and as a fraction of it.
+   FLOP/s and bytes/s against the roof, and as a fraction of it. Each decode step is set beside its
+   weight matmuls alone (every ``nn.Linear`` of the model on the step's one token a row, in order):
+   the share of the step they take, and the fraction of the roof a step reaches if it took only
+   that long, the ceiling of any loop over these kernels;
+3. with ``--real-model`` and transformers installed, Hugging Face ``generate()`` on the same weights
+   at the same decode batches, timed alternately with the reference loop, on the same roof.
 
 Measured, shown, never graded: the fractions move with the machine's load. Everything runs the
 reference solutions.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.nn.functional as F
 
 from grader import models
 from grader.bench import noise as bench_noise
@@ -26,7 +32,7 @@ from grader.nn import Llama, LlamaConfig
 MATMUL_SIZES = (256, 1024, 2048)
 STREAM_BYTES = 256 * 2**20  # large enough to leave every cache level
 PREFILLS = (16, 64, 256, 1024)
-DECODE_BATCHES = (1, 4, 32)
+DECODE_BATCHES = (1, 8, 32)
 DECODE_PROMPT, DECODE_STEPS = 64, 16
 LOOP_CONFIG = {**GENERATE_CONFIG, "max_position_embeddings": 2048}
 
@@ -51,10 +57,14 @@ def measure_machine(device: torch.device | None = None, repeats: int = 5, dtype=
     dst.copy_(src)
     timing, _ = bench_noise.repeat(lambda: dst.copy_(src), repeats, sync, on_cpu)
     stream = {"bytes": 2 * STREAM_BYTES, "bytes_per_s": 2 * STREAM_BYTES / timing["median"], **timing}  # read + write
+    src.sum()
+    timing, _ = bench_noise.repeat(lambda: src.sum(), repeats, sync, on_cpu)  # reads only, as a weight read does
+    read = {"bytes": STREAM_BYTES, "bytes_per_s": STREAM_BYTES / timing["median"], **timing}
     trusted = [m for m in matmuls if not m["noisy"]] or matmuls
     return {"device": str(device), "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
-            "matmul": matmuls, "stream": stream, "peak_flops": max(m["flops_per_s"] for m in trusted),
-            "bandwidth": stream["bytes_per_s"], "noisy": any(m["noisy"] for m in matmuls) or stream["noisy"]}
+            "matmul": matmuls, "stream": stream, "read": read, "peak_flops": max(m["flops_per_s"] for m in trusted),
+            "bandwidth": max(stream["bytes_per_s"], read["bytes_per_s"]),  # the roof is the best the machine does
+            "noisy": any(m["noisy"] for m in matmuls) or stream["noisy"] or read["noisy"]}
 
 
 def _config_dict(config: LlamaConfig, dtype: str) -> dict:
@@ -74,6 +84,34 @@ def _point(kind: str, label: str, flops: int, moved: int, seconds: float, timing
             else "bandwidth", "spread": timing["spread"], "noisy": timing["noisy"]}
 
 
+def _decode_prompts(batch: int, vocab: int) -> list[list[int]]:
+    return [[(5 * i + b) % vocab for i in range(DECODE_PROMPT)] for b in range(batch)]
+
+
+def _matmuls_alone(model, batch: int, device: torch.device):
+    """Every ``nn.Linear`` of ``model`` in order on one token a row: a decode step's weight read, alone."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(batch, 1, w.shape[1], device=device, dtype=w.dtype) for w in weights}
+    return lambda: [F.linear(inputs[w.shape[1]], w) for w in weights]
+
+
+def _step_seconds(run, repeats: int, sync, on_cpu: bool) -> tuple[float, dict]:
+    """A decode step's seconds: (time of 1 + S new tokens - time of 1) / S, with the figures' noise."""
+    run(1 + DECODE_STEPS)
+    short, _ = bench_noise.repeat(lambda: run(1), repeats, sync, on_cpu)
+    long, _ = bench_noise.repeat(lambda: run(1 + DECODE_STEPS), repeats, sync, on_cpu)
+    both = {"spread": long["spread"], "noisy": long["noisy"] or short["noisy"]}
+    return max(long["median"] - short["median"], 1e-9) / DECODE_STEPS, both
+
+
+def _decode_point(label: str, config: dict, batch: int, seconds: float, timing: dict, machine: dict,
+                  kind: str = "decode") -> dict:
+    """A decode step at the steps' mean context, counted by kata 18's reference."""
+    k18, past = reference("18"), DECODE_PROMPT + DECODE_STEPS // 2
+    return _point(kind, label, k18["forward_flops"](config, batch, 1, past),
+                  k18["forward_bytes"](config, batch, 1, past), seconds, timing, machine)
+
+
 def place_loop(model, config: dict, machine: dict, device: torch.device, repeats: int = 3,
                prefills=PREFILLS, batches=DECODE_BATCHES) -> list[dict]:
     """Kata 08's loop at each prefill length and decode batch, counted by kata 18's reference."""
@@ -86,33 +124,66 @@ def place_loop(model, config: dict, machine: dict, device: torch.device, repeats
         timing, _ = bench_noise.repeat(lambda: generate(model, prompts, 1), repeats, sync, on_cpu)
         points.append(_point("prefill", f"prefill {P}", k18["forward_flops"](config, 1, P, 0),
                              k18["forward_bytes"](config, 1, P, 0), timing["median"], timing, machine))
-    for B in batches:  # decode steps: (time of 1 + S new tokens - time of 1) / S, at the steps' mean context
-        prompts = [[(5 * i + b) % vocab for i in range(DECODE_PROMPT)] for b in range(B)]
-        generate(model, prompts, 1 + DECODE_STEPS)
-        short, _ = bench_noise.repeat(lambda: generate(model, prompts, 1), repeats, sync, on_cpu)
-        long, _ = bench_noise.repeat(lambda: generate(model, prompts, 1 + DECODE_STEPS), repeats, sync, on_cpu)
-        step = max(long["median"] - short["median"], 1e-9) / DECODE_STEPS
-        past = DECODE_PROMPT + DECODE_STEPS // 2
-        both = {"spread": long["spread"], "noisy": long["noisy"] or short["noisy"]}
-        points.append(_point("decode", f"decode batch {B}", k18["forward_flops"](config, B, 1, past),
-                             k18["forward_bytes"](config, B, 1, past), step, both, machine))
+    for B in batches:
+        prompts = _decode_prompts(B, vocab)
+        step, timing = _step_seconds(lambda n: generate(model, prompts, n), repeats, sync, on_cpu)
+        point = _decode_point(f"decode batch {B}", config, B, step, timing, machine)
+        matmuls = _matmuls_alone(model, B, device)
+        matmuls()
+        alone, _ = bench_noise.repeat(matmuls, repeats, sync, on_cpu)
+        point.update(matmul_seconds=alone["median"], matmul_share=min(alone["median"] / step, 1.0),
+                     matmul_fraction=point["fraction"] * step / alone["median"])
+        points.append(point)
+    return points
+
+
+def transformers_model(folder, device: torch.device):
+    """Hugging Face's Llama on the checkpoint in ``folder``, or None without transformers."""
+    try:
+        import transformers  # optional: only the side-by-side of --real-model needs it
+    except ImportError:
+        return None
+    return transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+
+
+def place_transformers(hf, config: dict, machine: dict, device: torch.device, repeats: int = 3,
+                       batches=DECODE_BATCHES) -> list[dict]:
+    """Hugging Face ``generate()`` (``hf``, from ``transformers_model``) at the same decode batches,
+    greedy, on the same prompts and the same roof."""
+    sync, on_cpu, points = _sync(device), device.type == "cpu", []
+    for B in batches:
+        ids = torch.tensor(_decode_prompts(B, config["vocab_size"]), device=device)
+
+        def run(n):
+            return hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                               min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
+        step, timing = _step_seconds(run, repeats, sync, on_cpu)
+        points.append(_decode_point(f"transformers batch {B}", config, B, step, timing, machine, "transformers"))
     return points
 
 
 def _model(device: torch.device, real_model: bool):
     if real_model:
-        return models.load(models.SMOLLM2, device=device).model.eval(), "SmolLM2-135M"
+        loaded = models.load(models.SMOLLM2, device=device)
+        return loaded.model.eval(), "SmolLM2-135M", loaded.folder
     torch.manual_seed(0)
-    return Llama(LlamaConfig(**LOOP_CONFIG)).to(device).eval(), "the grader.nn Llama (4 layers, width 256)"
+    return Llama(LlamaConfig(**LOOP_CONFIG)).to(device).eval(), "the grader.nn Llama (4 layers, width 256)", None
 
 
 def run(device: torch.device, real_model: bool = False, quick: bool = False) -> dict:
+    """The machine's roof and the measured points; with ``real_model``, SmolLM2, and transformers'
+    ``generate()`` beside the reference loop batch by batch when transformers is installed."""
     started = time.perf_counter()
     machine = measure_machine(device, repeats=3 if quick else 5)
-    model, name = _model(device, real_model)
+    model, name, folder = _model(device, real_model)
     config = _config_dict(model.config, "float32")
+    hf = transformers_model(folder, device) if folder is not None else None
     with torch.no_grad():
-        points = place_loop(model, config, machine, device, prefills=PREFILLS[:3] if quick else PREFILLS)
+        points = place_loop(model, config, machine, device, prefills=PREFILLS[:3] if quick else PREFILLS, batches=())
+        for B in DECODE_BATCHES:  # batch by batch, the two loops one after the other
+            points += place_loop(model, config, machine, device, prefills=(), batches=(B,))
+            if hf is not None:
+                points += place_transformers(hf, config, machine, device, batches=(B,))
     return {"machine": machine, "model": name, "config": config, "points": points,
             "seconds": time.perf_counter() - started}
 
@@ -130,17 +201,26 @@ def lines(result: dict) -> list[str]:
     out = [f"roofline of this machine ({m['device']}, {m['threads']} thread(s), {m['dtype']}):"]
     for mm in m["matmul"]:
         out.append(f"  matmul {mm['n']}^3: {_si(mm['flops_per_s'], 'FLOP/s')}{bench_noise.mark(mm)}")
-    out.append(f"  stream copy of {m['stream']['bytes'] // 2**20} MiB moved: {_si(m['bandwidth'], 'B/s')}"
+    out.append(f"  stream copy of {m['stream']['bytes'] // 2**20} MiB moved: {_si(m['stream']['bytes_per_s'], 'B/s')}"
                f"{bench_noise.mark(m['stream'])}")
+    if "read" in m:
+        out.append(f"  stream read of {m['read']['bytes'] // 2**20} MiB: {_si(m['read']['bytes_per_s'], 'B/s')}"
+                   f"{bench_noise.mark(m['read'])}")
     ridge = m["peak_flops"] / m["bandwidth"]
     out.append(f"  peak {_si(m['peak_flops'], 'FLOP/s')}, bandwidth {_si(m['bandwidth'], 'B/s')}: "
                f"ridge {ridge:.1f} FLOP/byte")
-    out.append(f"kata 08's reference loop on {result['model']}, counted by kata 18's reference:")
+    out.append(f"kata 08's reference loop on {result['model']}, counted by kata 18's reference"
+               + (" (transformers' generate() beside it):" if any(p["kind"] == "transformers" for p in
+                                                                 result["points"]) else ":"))
     for p in result["points"]:
         noisy = " [NOISY]" if p["noisy"] else ""
         out.append(f"  {p['label']:>16}: intensity {p['intensity']:8.1f} FLOP/B ({p['bound']}-bound), "
                    f"{_si(p['flops_per_s'], 'FLOP/s')}, {_si(p['bytes_per_s'], 'B/s')}, "
                    f"{p['fraction']:.1%} of the roof{noisy}")
+        if "matmul_seconds" in p:
+            out.append(f"{'':>18}its weight matmuls alone: {p['matmul_seconds'] * 1e3:.1f} of {p['seconds'] * 1e3:.1f} "
+                       f"ms ({p['matmul_share']:.0%} of the step); a step that short would be "
+                       f"{p['matmul_fraction']:.1%} of the roof")
     out.append("Measured, never graded: another program on this machine moves every figure.")
     return out
 
@@ -160,9 +240,11 @@ def plot(result: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(xs, [min(m["peak_flops"], x * m["bandwidth"]) for x in xs], color="black", label="roofline")
     ax.axvline(ridge, color="grey", linestyle=":", label=f"ridge {ridge:.1f} FLOP/B")
-    for kind, marker in (("prefill", "o"), ("decode", "s")):
+    for kind, marker in (("prefill", "o"), ("decode", "s"), ("transformers", "^")):
         chosen = [p for p in points if p["kind"] == kind]
-        ax.scatter([p["intensity"] for p in chosen], [p["flops_per_s"] for p in chosen], marker=marker, label=kind)
+        if chosen:
+            ax.scatter([p["intensity"] for p in chosen], [p["flops_per_s"] for p in chosen], marker=marker,
+                       label="transformers' generate()" if kind == "transformers" else kind)
         for p in chosen:
             ax.annotate(p["label"].split(" ", 1)[1], (p["intensity"], p["flops_per_s"]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
