@@ -7,6 +7,9 @@ same weights in a ``CrossAttention`` that projects them again at every decoder c
 of the catalogue). Tokens/s of both, whether their tokens agree, and the bytes the cache holds after the run:
 its self part against its cross part. Whisper tiny.en's figures (4 layers, d = 384, 1,500 frames) are
 printed from the formulas. Everything runs the reference solutions.
+
+``--real-model`` runs the real Whisper tiny.en instead, with kata 17's cache in its decoder (``--cache``: the
+reference, your katas/17 file or a PATH), against transformers (``grader.bench.k17_whisper``).
 """
 from __future__ import annotations
 
@@ -122,14 +125,13 @@ def lines(rows: list[dict]) -> list[str]:
 
 def real_model(spec: str) -> int:
     """Whisper tiny.en with ``spec``'s EncoderDecoderKVCache in its decoder (``--real-model``)."""
-    target = targets.resolve(manifest.get("17"), spec)
-    if "EncoderDecoderKVCache" not in target.namespace:
-        print(f"bench_k17: {target.label} defines no EncoderDecoderKVCache", file=sys.stderr)
-        return 2
     try:
+        target = targets.resolve(manifest.get("17"), spec)
+        if "EncoderDecoderKVCache" not in target.namespace:
+            raise ValueError(f"cache: {target.label} defines no EncoderDecoderKVCache")
         row = k17_whisper.bench_real(target.namespace["EncoderDecoderKVCache"], PrintProgress())
-    except (OSError, ValueError, ImportError) as exc:
-        print(f"bench_k17: skipped: {exc}", file=sys.stderr)
+    except (OSError, ValueError, ImportError, targets.TargetLoadError, NotImplementedError) as exc:
+        print(f"bench_k17: error: {exc or type(exc).__name__}", file=sys.stderr)
         return 2
     print(f"the cache: {target.label}")
     print("\n".join(k17_whisper.lines(row)))
