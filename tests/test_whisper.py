@@ -46,7 +46,8 @@ def _tensors(seed: int) -> dict[str, tuple[torch.Tensor, int]]:
 def test_the_reader_gives_each_variable_bit_for_bit_and_an_alias_its_target(tmp_path, seed):
     tensors = _tensors(seed)
     path = tmp_path / "model.bin"
-    path.write_bytes(_file([_variable(n, t, k) for n, (t, k) in tensors.items()], [("dec/proj/weight", "dec/emb/weight")]))
+    variables = [_variable(n, t, k) for n, (t, k) in tensors.items()]
+    path.write_bytes(_file(variables, [("dec/proj/weight", "dec/emb/weight")]))
     spec, read = ct2_file.read(path)
     assert spec == "TinySpec" and set(read) == set(tensors) | {"dec/proj/weight"}
     for name, (t, _) in tensors.items():
