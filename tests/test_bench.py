@@ -248,7 +248,7 @@ def test_cross_cache_section_agrees_with_recomputing_and_counts_both_parts():
     assert "9,216,000 B" in bench_k17.lines(rows)[-1]
 
 
-def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(monkeypatch):
+def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(monkeypatch, tmp_path):
     from grader.bench import roofline
 
     monkeypatch.setattr(roofline, "MATMUL_SIZES", (32, 64))
@@ -276,6 +276,9 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
     result = {"machine": machine, "model": "test", "config": config, "points": points}
     text = "\n".join(roofline.lines(result))
     assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text and "weight matmuls alone" in text
+    pytest.importorskip("matplotlib")
+    roofline.plot(result, str(tmp_path / "roof.png"))
+    assert (tmp_path / "roof.png").stat().st_size > 0
 
 
 def test_the_roofline_sets_transformers_generate_beside_the_loop_on_the_same_weights(tmp_path, monkeypatch):

@@ -170,20 +170,28 @@ def _model(device: torch.device, real_model: bool):
     return Llama(LlamaConfig(**LOOP_CONFIG)).to(device).eval(), "the grader.nn Llama (4 layers, width 256)", None
 
 
-def run(device: torch.device, real_model: bool = False, quick: bool = False) -> dict:
+def run(device: torch.device, real_model: bool = False, quick: bool = False, progress=None) -> dict:
     """The machine's roof and the measured points; with ``real_model``, SmolLM2, and transformers'
-    ``generate()`` beside the reference loop batch by batch when transformers is installed."""
+    ``generate()`` beside the reference loop batch by batch when transformers is installed.
+    ``progress.step(label, text)`` hears of each figure as it is measured (minutes on SmolLM2)."""
     started = time.perf_counter()
+    say = progress.step if progress is not None else (lambda label, text: None)
     machine = measure_machine(device, repeats=3 if quick else 5)
+    say("roof", f"{_si(machine['peak_flops'], 'FLOP/s')}, {_si(machine['bandwidth'], 'B/s')}")
     model, name, folder = _model(device, real_model)
     config = _config_dict(model.config, "float32")
     hf = transformers_model(folder, device) if folder is not None else None
+    points = []
     with torch.no_grad():
-        points = place_loop(model, config, machine, device, prefills=PREFILLS[:3] if quick else PREFILLS, batches=())
+        for P in PREFILLS[:3] if quick else PREFILLS:
+            points += place_loop(model, config, machine, device, prefills=(P,), batches=())
+            say(points[-1]["label"], f"{points[-1]['fraction']:.1%} of the roof")
         for B in DECODE_BATCHES:  # batch by batch, the two loops one after the other
             points += place_loop(model, config, machine, device, prefills=(), batches=(B,))
             if hf is not None:
                 points += place_transformers(hf, config, machine, device, batches=(B,))
+            for p in points[-2 if hf is not None else -1:]:
+                say(p["label"], f"{p['fraction']:.1%} of the roof")
     return {"machine": machine, "model": name, "config": config, "points": points,
             "seconds": time.perf_counter() - started}
 
@@ -248,6 +256,10 @@ def plot(result: dict, path: str) -> None:
         for p in chosen:
             ax.annotate(p["label"].split(" ", 1)[1], (p["intensity"], p["flops_per_s"]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
+    ceiling = [p for p in points if "matmul_fraction" in p]
+    if ceiling:  # where a step would sit if it took only its weight matmuls' time
+        ax.scatter([p["intensity"] for p in ceiling], [p["matmul_fraction"] * p["roof_flops_per_s"] for p in ceiling],
+                   marker="s", facecolors="none", edgecolors="grey", label="its weight matmuls alone")
     ax.set(xscale="log", yscale="log", xlabel="FLOPs per byte", ylabel="FLOP/s",
            title=f"Roofline: {result['model']} on {m['device']}")
     ax.legend(fontsize=8)

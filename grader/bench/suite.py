@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def roofline_main(args) -> int:
-    result = bench_roofline.run(torch.device(args.device), args.real_model, args.quick)
+    result = bench_roofline.run(torch.device(args.device), args.real_model, args.quick, bench_k07.PrintProgress())
     print("\n".join(bench_roofline.lines(result)))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
