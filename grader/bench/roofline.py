@@ -131,8 +131,8 @@ def place_loop(model, config: dict, machine: dict, device: torch.device, repeats
         matmuls = _matmuls_alone(model, B, device)
         matmuls()
         alone, _ = bench_noise.repeat(matmuls, repeats, sync, on_cpu)
-        point.update(matmul_seconds=alone["median"], matmul_share=min(alone["median"] / step, 1.0),
-                     matmul_fraction=point["fraction"] * step / alone["median"])
+        share = min(alone["median"] / step, 1.0)  # (a noisy step can come out shorter than its matmuls)
+        point.update(matmul_seconds=alone["median"], matmul_share=share, matmul_fraction=point["fraction"] / share)
         points.append(point)
     return points
 
