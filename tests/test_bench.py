@@ -275,7 +275,8 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
         assert 0 < p["matmul_share"] <= 1 and p["matmul_fraction"] >= p["fraction"] * 0.999
     result = {"machine": machine, "model": "test", "config": config, "points": points}
     text = "\n".join(roofline.lines(result))
-    assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text and "weight matmuls alone" in text
+    assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text
+    assert "weight matmuls alone" in text
     pytest.importorskip("matplotlib")
     roofline.plot(result, str(tmp_path / "roof.png"))
     assert (tmp_path / "roof.png").stat().st_size > 0

@@ -18,6 +18,7 @@ Strings, f-strings, docstrings, annotations and the message of a ``raise`` are n
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 
 COMPARE = {ast.Lt: ["<="], ast.LtE: ["<"], ast.Gt: [">="], ast.GtE: [">"], ast.Eq: ["!="], ast.NotEq: ["==", "<"],
@@ -174,11 +175,37 @@ def _apply(source: bytes, starts: list[int], edit: _Edit) -> str:
     return (source[:begin] + text.encode() + source[end:]).decode()
 
 
+class _top_level:
+    """The module's top-level statements, to tell whether a mutated module parses to the original.
+
+    An edit changes the text of one top-level statement only, so the mutant equals the original
+    exactly when it has as many top-level statements and that one dumps the same (``ast.dump``
+    leaves out positions, so the shifted statements after it compare equal as they are). One
+    statement's dump instead of the module's: the mutants of a reference in a tenth of the time.
+    """
+
+    def __init__(self, tree: ast.Module):
+        self.body = tree.body
+        self.dumps = [ast.dump(s) for s in tree.body]
+        self.first = [min([s.lineno] + [d.lineno for d in getattr(s, "decorator_list", [])]) for s in tree.body]
+
+    def unchanged(self, mutated: ast.Module, line: int) -> bool:
+        if len(mutated.body) != len(self.body):
+            return False
+        i = max(j for j, first in enumerate(self.first) if first <= line)
+        return ast.dump(mutated.body[i]) == self.dumps[i]
+
+
 def mutants(source: str) -> list[Mutant]:
     """Every mutant of ``source`` that parses and differs from it, in source order."""
+    return list(_mutants(source))
+
+
+@functools.lru_cache(maxsize=32)  # one process asks for the same reference's mutants again (tests, runs)
+def _mutants(source: str) -> tuple[Mutant, ...]:
     tree = ast.parse(source)
     skip, raw, lines = _skipped(tree), source.encode(), source.splitlines()
-    starts, original = _offsets(raw), ast.dump(tree)
+    starts, top = _offsets(raw), _top_level(tree)
     found, seen = [], {}
     nodes = sorted((n for n in ast.walk(tree) if hasattr(n, "lineno") or isinstance(n, ast.Slice)),
                    key=lambda n: (n.lineno, n.col_offset))
@@ -188,7 +215,7 @@ def mutants(source: str) -> list[Mutant]:
         for edit in _edits(node):
             text = _apply(raw, starts, edit)
             try:
-                if ast.dump(ast.parse(text)) == original:
+                if top.unchanged(ast.parse(text), edit.node.lineno):
                     continue
             except SyntaxError:
                 continue
@@ -197,4 +224,4 @@ def mutants(source: str) -> list[Mutant]:
             seen[base] = seen.get(base, 0) + 1
             ident = base if seen[base] == 1 else f"{base} #{seen[base]}"
             found.append(Mutant(ident, edit.operator, edit.node.lineno, text))
-    return found
+    return tuple(found)
