@@ -12,9 +12,20 @@ from grader.bench.fast_paged import FastPagedKVCache
 from grader.engine import targets
 
 
-def test_bench_runs_small_and_reports_every_part(tmp_path, capsys):
+def test_bench_runs_small_and_reports_every_part(tmp_path, capsys, monkeypatch):
+    made = []
+
+    class Recording(bench.Progress):  # the progress total is known before the first line and never changes
+        def __init__(self, total, quiet=False):
+            super().__init__(total, quiet)
+            self.first_total = total
+            made.append(self)
+
+    monkeypatch.setattr(bench, "Progress", Recording)
     result = bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2],
                        steps=3, new_tokens=4, hf=False, speculative_tokens=6, serving_requests=4)
+    (progress,) = made
+    assert progress.done == progress.total == progress.first_total
     assert {"machine", "append", "generate", "memory", "quantized", "prefix_cache", "beam", "speculative",
             "serving", "targets"} <= result.keys()
     assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
@@ -159,22 +170,6 @@ def test_speculative_and_serving_lines_flag_noisy_speeds():
     row = {"impl": "serve", "tokens_per_s": 300.0, "mean_ttft_steps": 2, "mean_latency_steps": 9,
            "max_latency_steps": 20, "noisy": True}
     assert "NOISY" in bench_k13.lines([row])[0] and "300.0" in bench_k13.lines([{**row, "noisy": False}])[0]
-
-
-def test_the_progress_total_is_known_before_the_first_line_and_never_changes(monkeypatch):
-    made = []
-
-    class Recording(bench.Progress):
-        def __init__(self, total, quiet=False):
-            super().__init__(total, quiet)
-            self.first_total = total
-            made.append(self)
-
-    monkeypatch.setattr(bench, "Progress", Recording)
-    bench.run(quick=True, device=torch.device("cpu"), quiet=True, lengths=[32, 64], batches=[2], steps=3,
-              new_tokens=4, hf=False, speculative_tokens=6, serving_requests=4)
-    (progress,) = made
-    assert progress.done == progress.total == progress.first_total
 
 
 def test_a_busy_machine_gets_one_thread_unless_asked_otherwise():
