@@ -6,7 +6,8 @@ Printed: the bytes of K and V sent against kata 04's formula (plus the 72 bytes 
 token); gloo's loopback bandwidth; the time to first token split into the prefill forward, the
 transfer left after it, and the decode worker's first step; whole-cache against layer-wise sending
 and the share of the transfer hidden behind the forward; decode tokens/s on the decode worker
-against one process doing both. ``python -m grader.bench.k16 [--quick]``.
+against one process doing both (each on one thread; the decode steps timed inside the worker, never
+its wait for the prefill). ``python -m grader.bench.k16 [--quick]``.
 """
 from __future__ import annotations
 
@@ -67,9 +68,17 @@ def _one(ns, model, prompt, layerwise: bool, new_tokens: int) -> dict:
 
     def decode():
         dist.recv(torch.empty(1), 0)
-        began = time.perf_counter()
+        calls, forward = [], model.forward
+
+        def timed(*args, **kwargs):  # the decode steps alone, never the wait for the prefill
+            began = time.perf_counter()
+            out = forward(*args, **kwargs)
+            calls.append(time.perf_counter() - began)
+            return out
+        model.forward = timed
         tokens = ns["decode_worker"](model, new_tokens)
-        return {"decode_s": time.perf_counter() - began, "tokens": len(tokens)}
+        return {"first_step_s": calls[0] if calls else None, "step_s": sum(calls) / len(calls) if calls else None,
+                "tokens": len(tokens)}
     a, b = run_pair(prefill, decode, deadline=300.0)
     if a.status != "ok" or b.status != "ok":
         raise RuntimeError(f"bench exchange failed: {a.status} {a.message} / {b.status} {b.message}")
@@ -77,8 +86,17 @@ def _one(ns, model, prompt, layerwise: bool, new_tokens: int) -> dict:
 
 
 def _one_process(model, prompt, new_tokens: int) -> float:
-    """Seconds of one process's decode steps after its own prefill (kata 08's loop, plain cache)."""
-    cache = PlainCache()
+    """Seconds of one process's decode steps after its own prefill (kata 08's loop, plain cache), on one
+    thread as each worker has."""
+    cache, threads = PlainCache(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _steps_alone(model, prompt, new_tokens, cache)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _steps_alone(model, prompt, new_tokens: int, cache) -> float:
     with torch.no_grad():
         logits = model(torch.tensor([prompt]), position_ids=torch.arange(len(prompt))[None], cache=cache)
         token, began = int(logits[0, -1].argmax()), time.perf_counter()
@@ -95,16 +113,15 @@ def bench_disagg(quick: bool = False, progress=None) -> dict:
     rows = []
     for P in ((128, 512) if quick else (512, 2048)):
         prompt = torch.randint(0, CONFIG["vocab_size"], (P,), generator=torch.Generator().manual_seed(P)).tolist()
-        first = _one(ns, model, prompt, False, 1)  # the decode worker's receive alone
         whole, layer = _one(ns, model, prompt, False, NEW_TOKENS), _one(ns, model, prompt, True, NEW_TOKENS)
         formula = 2 * CONFIG["num_hidden_layers"] * P * CONFIG["num_key_value_heads"] * 64 * 4
         exposed_whole, exposed_layer = whole["after_forward_s"], layer["after_forward_s"]
-        step = (whole["decode_s"] - first["decode_s"]) / (NEW_TOKENS - 1)
+        step = whole["step_s"]
         alone = _one_process(model, prompt, NEW_TOKENS) / (NEW_TOKENS - 1)
         rows.append({"prompt": P, "kv_bytes": whole["kv_bytes"], "formula_bytes": formula, "framing_bytes": 8 * 8 + 8,
                      "prefill_forward_ms": round(whole["forward_s"] * 1e3, 1),
                      "transfer_after_forward_ms": round(exposed_whole * 1e3, 1),
-                     "first_decode_step_ms": round(step * 1e3, 1),
+                     "first_decode_step_ms": round(whole["first_step_s"] * 1e3, 1),
                      "layerwise_transfer_after_forward_ms": round(exposed_layer * 1e3, 1),
                      "hidden_share": round(1 - exposed_layer / exposed_whole, 2) if exposed_whole > 0 else None,
                      "decode_worker_tokens_per_s": round(1 / step, 1), "one_process_tokens_per_s": round(1 / alone, 1)})

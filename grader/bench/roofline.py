@@ -95,13 +95,29 @@ def _matmuls_alone(model, batch: int, device: torch.device):
     return lambda: [F.linear(inputs[w.shape[1]], w) for w in weights]
 
 
-def _step_seconds(run, repeats: int, sync, on_cpu: bool) -> tuple[float, dict]:
-    """A decode step's seconds: (time of 1 + S new tokens - time of 1) / S, with the figures' noise."""
-    run(1 + DECODE_STEPS)
-    short, _ = bench_noise.repeat(lambda: run(1), repeats, sync, on_cpu)
-    long, _ = bench_noise.repeat(lambda: run(1 + DECODE_STEPS), repeats, sync, on_cpu)
-    both = {"spread": long["spread"], "noisy": long["noisy"] or short["noisy"]}
-    return max(long["median"] - short["median"], 1e-9) / DECODE_STEPS, both
+def _step_seconds(run, model, repeats: int, sync, on_cpu: bool) -> tuple[float, dict]:
+    """A decode step's seconds, timed inside runs of 1 + S new tokens: from the end of the prefill's forward
+    to the end of the last forward, over the S steps between (the loop's own work included). Never one run
+    minus another: at large batches the prefill dwarfs the steps, and its noise would swamp them."""
+    ends = []
+
+    def mark(*_):
+        if sync:
+            sync()
+        ends.append(time.perf_counter())
+    handle = model.register_forward_hook(mark)
+    try:
+        run(1 + DECODE_STEPS)  # warm-up
+        times, wall, cpu = [], time.perf_counter(), time.process_time()
+        for _ in range(repeats):
+            ends.clear()
+            run(1 + DECODE_STEPS)
+            times.append((ends[-1] - ends[0]) / (len(ends) - 1))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        handle.remove()
+    timing = bench_noise.figure(times, cpu / wall if on_cpu and bench_noise.measurable(wall) else None)
+    return timing["median"], timing
 
 
 def _decode_point(label: str, config: dict, batch: int, seconds: float, timing: dict, machine: dict,
@@ -126,7 +142,7 @@ def place_loop(model, config: dict, machine: dict, device: torch.device, repeats
                              k18["forward_bytes"](config, 1, P, 0), timing["median"], timing, machine))
     for B in batches:
         prompts = _decode_prompts(B, vocab)
-        step, timing = _step_seconds(lambda n: generate(model, prompts, n), repeats, sync, on_cpu)
+        step, timing = _step_seconds(lambda n: generate(model, prompts, n), model, repeats, sync, on_cpu)
         point = _decode_point(f"decode batch {B}", config, B, step, timing, machine)
         matmuls = _matmuls_alone(model, B, device)
         matmuls()
@@ -157,7 +173,7 @@ def place_transformers(hf, config: dict, machine: dict, device: torch.device, re
         def run(n):
             return hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                                min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
-        step, timing = _step_seconds(run, repeats, sync, on_cpu)
+        step, timing = _step_seconds(run, hf, repeats, sync, on_cpu)
         points.append(_decode_point(f"transformers batch {B}", config, B, step, timing, machine, "transformers"))
     return points
 
