@@ -63,7 +63,7 @@ def test_per_channel_keys_beat_per_token_keys_when_channels_are_outliers():
     assert set(found["outliers"]) == set(bench_k09.OUTLIERS)
 
 
-@pytest.mark.parametrize("name", ["plot_streaming", "plot_kivi"])
+@pytest.mark.parametrize("name", ["plot_streaming", "plot_kivi", "plot_roofline"])
 def test_the_saved_measurements_are_drawn(name):
     pytest.importorskip("matplotlib")
     import matplotlib
@@ -71,7 +71,8 @@ def test_the_saved_measurements_are_drawn(name):
     matplotlib.use("Agg")
     from grader.learner import pictures_models
 
-    path = {"plot_streaming": bench_k07.RESULTS, "plot_kivi": bench_k09.RESULTS}[name]
+    path = {"plot_streaming": bench_k07.RESULTS, "plot_kivi": bench_k09.RESULTS,
+            "plot_roofline": pictures_models.ROOFLINE_RESULTS}[name]
     if not path.is_file():
         pytest.skip(f"no saved measurement at {path.name}")
     fig = getattr(pictures_models, name)()

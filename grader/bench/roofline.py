@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from grader import models
 from grader.bench import noise as bench_noise
 from grader.bench.shared import GENERATE_CONFIG, reference
+from grader.learner import pictures_models
 from grader.nn import Llama, LlamaConfig
 
 MATMUL_SIZES = (256, 1024, 2048)
@@ -250,34 +251,6 @@ def lines(result: dict) -> list[str]:
 
 
 def plot(result: dict, path: str) -> None:
-    """The roofline with the measured points: prefill right of the ridge, decode left of it."""
-    import matplotlib  # optional: only --plot needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    m, points = result["machine"], result["points"]
-    ridge = m["peak_flops"] / m["bandwidth"]
-    lo = min([p["intensity"] for p in points] + [ridge]) / 4
-    hi = max([p["intensity"] for p in points] + [ridge]) * 4
-    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(xs, [min(m["peak_flops"], x * m["bandwidth"]) for x in xs], color="black", label="roofline")
-    ax.axvline(ridge, color="grey", linestyle=":", label=f"ridge {ridge:.1f} FLOP/B")
-    for kind, marker in (("prefill", "o"), ("decode", "s"), ("transformers", "^")):
-        chosen = [p for p in points if p["kind"] == kind]
-        if chosen:
-            ax.scatter([p["intensity"] for p in chosen], [p["flops_per_s"] for p in chosen], marker=marker,
-                       label="transformers' generate()" if kind == "transformers" else kind)
-        for p in chosen:
-            ax.annotate(p["label"].split(" ", 1)[1], (p["intensity"], p["flops_per_s"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
-    ceiling = [p for p in points if "matmul_fraction" in p]
-    if ceiling:  # where a step would sit if it took only its weight matmuls' time
-        ax.scatter([p["intensity"] for p in ceiling], [p["matmul_fraction"] * p["roof_flops_per_s"] for p in ceiling],
-                   marker="s", facecolors="none", edgecolors="grey", label="its weight matmuls alone")
-    ax.set(xscale="log", yscale="log", xlabel="FLOPs per byte", ylabel="FLOP/s",
-           title=f"Roofline: {result['model']} on {m['device']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    """The roofline with the measured points (drawn by ``grader.learner.pictures_models``), saved to ``path``."""
+    fig = pictures_models.roofline_figure(result)
     fig.savefig(path, dpi=110)

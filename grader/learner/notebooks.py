@@ -123,6 +123,13 @@ katas' READMEs. Left: the mean magnitude of each channel in the layer with the s
 right: the relative error of quantizing keys and values in groups of 32 tokens along each axis. Saved by
 `python -m grader.bench.k09 --json grader/results/k09_kivi.json` (which also prints the perplexity
 at each bit width; `--cache stub` uses your own `QuantizedKVCache`)."""),
+    "18": ("plot_roofline", """\
+**Measured: the two regimes on a real machine.** The roofline of a quiet 2-core CPU (one thread, float32),
+with kata 08's reference loop on SmolLM2-135M placed on it, counted by kata 18's reference: prefills of 16
+to 1,024 tokens land far right of the ridge, a decode step of one sequence far left of it (a CPU's ridge is
+low, so batches of 8 and 32 already cross it; an H100's is near 295), transformers' `generate()` beside them, and hollow squares where each decode step would sit if it took
+only its weight matmuls' time. Saved by `kvkata bench --roofline --real-model --threads 1 --json
+grader/results/roofline.json`; run it on your own machine (`--plot roof.png` draws it)."""),
 }
 
 

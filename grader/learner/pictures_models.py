@@ -3,6 +3,7 @@ benches saved in ``grader/results/``: a notebook draws them in a second, without
 
     python -m grader.bench.k07 --json grader/results/k07_streaming.json   # what plot_streaming draws
     python -m grader.bench.k09 --json grader/results/k09_kivi.json        # what plot_kivi draws
+    kvkata bench --roofline --real-model --threads 1 --json grader/results/roofline.json   # plot_roofline
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from grader.learner.pictures import _pyplot
 
 STREAMING_RESULTS = manifest.PACKAGE_DIR / "results" / "k07_streaming.json"  # written by python -m grader.bench.k07 --json
 KIVI_RESULTS = manifest.PACKAGE_DIR / "results" / "k09_kivi.json"  # written by python -m grader.bench.k09 --json
+ROOFLINE_RESULTS = manifest.PACKAGE_DIR / "results" / "roofline.json"  # written by kvkata bench --roofline --json
 
 
 def _results(path: Path, command: str):
@@ -89,5 +91,43 @@ def plot_kivi(path: Path = KIVI_RESULTS, layer: int | None = None):
     right.set(xticks=[i + 1.5 * width for i in range(len(rows))], xticklabels=[f"{r['n_bits']} bits" for r in rows],
               yscale="log", ylabel="relative error, mean over layers", title="Quantization error by axis")
     right.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_roofline(path: Path = ROOFLINE_RESULTS):
+    """Kata 18: the roofline of the machine the saved run measured, with its prefill and decode points."""
+    result = _results(path, f"kvkata bench --roofline --real-model --threads 1 --json {path.name}")
+    return None if result is None else roofline_figure(result)
+
+
+def roofline_figure(result: dict):
+    """The roofline of ``result`` (``grader.bench.roofline.run``'s): prefill right of the ridge, decode
+    left of it, transformers' ``generate()`` beside the loop, and where each decode step would sit
+    with only its weight matmuls' time."""
+    plt = _pyplot()
+    m, points = result["machine"], result["points"]
+    ridge = m["peak_flops"] / m["bandwidth"]
+    lo = min([p["intensity"] for p in points] + [ridge]) / 4
+    hi = max([p["intensity"] for p in points] + [ridge]) * 4
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [min(m["peak_flops"], x * m["bandwidth"]) for x in xs], color="black", label="roofline")
+    ax.axvline(ridge, color="grey", linestyle=":", label=f"ridge {ridge:.1f} FLOP/B")
+    for kind, marker in (("prefill", "o"), ("decode", "s"), ("transformers", "^")):
+        chosen = [p for p in points if p["kind"] == kind]
+        if chosen:
+            ax.scatter([p["intensity"] for p in chosen], [p["flops_per_s"] for p in chosen], marker=marker,
+                       label="transformers' generate()" if kind == "transformers" else kind)
+        for p in chosen:
+            ax.annotate(p["label"].split(" ", 1)[1], (p["intensity"], p["flops_per_s"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    ceiling = [p for p in points if "matmul_fraction" in p]
+    if ceiling:  # where a step would sit if it took only its weight matmuls' time
+        ax.scatter([p["intensity"] for p in ceiling], [p["matmul_fraction"] * p["roof_flops_per_s"] for p in ceiling],
+                   marker="s", facecolors="none", edgecolors="grey", label="its weight matmuls alone")
+    ax.set(xscale="log", yscale="log", xlabel="FLOPs per byte", ylabel="FLOP/s",
+           title=f"Roofline: {result['model']} on {m['device']}, {m['threads']} thread(s)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
