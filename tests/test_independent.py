@@ -68,5 +68,13 @@ def test_every_forbidden_edit_names_a_check_of_its_kata():
 @pytest.mark.parametrize("kata_id,what,source,check", WRONG, ids=[f"{k}-{w}" for k, w, _, _ in WRONG])
 def test_an_edit_the_readme_forbids_fails(kata_id, what, source, check):
     target = targets.from_source(source, f"<{what}>", what)
-    results = {r.check.id: r for r in grade.grade(kata_id, target, diagnose=False)}
-    assert results[check].status == "fail", (results[check].status, results[check].message)
+    (result,) = grade.grade(kata_id, target, diagnose=False, only=[check])  # the check the README's rule names
+    assert result.check.id == check and result.status == "fail", (result.status, result.message)
+
+
+def test_grading_only_some_checks_runs_those_in_order_and_names_an_unknown_one():
+    ids = [c.id for c in checks.for_kata("01").all]
+    results = grade.grade("01", "solution", diagnose=False, only=[ids[2], ids[0]])
+    assert [r.check.id for r in results] == [ids[0], ids[2]] and all(r.passed for r in results)
+    with pytest.raises(ValueError, match="only: kata 01 has no check 'nope'"):
+        grade.grade("01", "solution", only=["nope"])
