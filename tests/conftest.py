@@ -2,7 +2,7 @@
 ``kvkata`` in a subprocess, the bugs no mistake catalogue knows, and a grader that remembers nothing
 from the test before (but for a kata's known mistakes graded in turn).
 
-Tiers: ``pytest -m "not slow"`` is the inner loop; ``pytest`` runs everything (as CI does).
+Tiers: ``pytest -m "not slow" -n 2`` is the inner loop (two processes); ``pytest`` runs everything (as CI does).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ SKIP = shutil.ignore_patterns(".git", ".kvkata", "__pycache__", ".hypothesis", "
 
 
 # -- tiers ------------------------------------------------------------------------------------------------
-slow = pytest.mark.slow  # left out of the inner loop, ``pytest -m "not slow"``; ``pytest`` runs it
+slow = pytest.mark.slow  # left out of the inner loop, ``pytest -m "not slow" -n 2``; ``pytest`` runs it
 
 
 def first_of_each_kata_fast(cases: list[tuple], ids: list[str]) -> list:
