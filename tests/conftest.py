@@ -53,16 +53,40 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return
     if _bare(config) and not config.option.markexpr and not config.getoption("full"):
         config.option.markexpr = QUICK
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     parallel = _bare(config) or config.getoption("full")
-    if (parallel and config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None
+    if (parallel and config.option.numprocesses is None
             and not config.getoption("usepdb") and not config.getoption("collectonly") and (os.cpu_count() or 1) > 1):
         config.option.numprocesses = 2
+    if config.option.numprocesses and config.option.dist in ("no", "load"):
+        config.option.dist = "loadgroup"  # a module's shared venvs, records and models are made once (SHARED)
+
+
+# Modules whose fixtures build something costly once (a venv, every public record, a model, a built zip): all
+# their tests go to one worker, so that it is built once a run rather than once a worker.
+SHARED = {"test_user_paths", "test_public", "test_autograder", "test_notebooks", "test_classroom", "test_whisper",
+          "test_models", "test_beam_search", "test_engine", "test_bench_models", "test_playground"}
+# What the shell may hold that changes how the project behaves, never inherited by a test (a test that needs one
+# sets its own): a state folder, an autograder root, kept sandboxes.
+OURS = ("KVKATA_STATE", "KVKATA_AUTOGRADER_ROOT", "KVKATA_KEEP_SANDBOXES")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One spot check a run: the controller draws the kata (its workers inherit the environment)."""
+    """The shell's settings of ours dropped; one spot check a run, drawn by the controller (its workers
+    inherit the environment)."""
+    for name in OURS:
+        os.environ.pop(name, None)
     if not hasattr(config, "workerinput") and not os.environ.get(SPOT_CHECK):
         os.environ[SPOT_CHECK] = random.choice(IDS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if getattr(item, "module", None) else ""
+        if module in SHARED:
+            item.add_marker(pytest.mark.xdist_group(module))
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
