@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the mutants' ids and grade nothing")
     p.add_argument("--stale", action="store_true",
                    help="name the katas whose recorded run no longer matches what decides it, and grade nothing")
+    p.add_argument("--render", action="store_true",
+                   help="write --report from the recorded runs of every kata, and grade nothing")
     p.add_argument("--proofs", type=Path, default=proof.PROOFS, help=argparse.SUPPRESS)
     p.add_argument("--verbose", "-v", action="store_true", help="one line per mutant as it is graded")
     return p
@@ -48,6 +50,13 @@ class _Progress:
             print(file=sys.stderr)
 
 
+def _write_report(path: Path, records: dict, listed: dict, only: str | None) -> None:
+    command = " ".join(["python -m grader.mutation", *records] + ([f"--only {only!r}"] if only else []))
+    path.write_text(f"# Mutation testing of the references\n\nReproduce: `{command}`. Each kata's fingerprint hashes "
+                    f"what decided its run (grader/mutation/proof.py).\n\n{summary.render(records, listed)}",
+                    encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.jobs < 1:
@@ -58,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"katas: expected ids among {', '.join(known)}, got {', '.join(unknown)}")
     args.katas = args.katas or known
     listed = summary.equivalents()
+    if args.render:
+        if not args.report:
+            raise SystemExit("--render: expected --report PATH too")
+        _write_report(args.report, proof.load(args.proofs), listed, None)
+        return 0
     if args.stale:
         fingerprints = {k: proof.fingerprint(k, equivalents=listed) for k in args.katas}
         old = proof.stale(args.katas, proof.load(args.proofs), fingerprints)
@@ -86,11 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only is None:
         proof.save(records, args.proofs)
     if args.report:
-        every = proof.load(args.proofs) if args.only is None else records
-        command = " ".join(["python -m grader.mutation", *every] + ([f"--only {args.only!r}"] if args.only else []))
-        text = summary.render(every, listed)
-        args.report.write_text(f"# Mutation testing of the references\n\nReproduce: `{command}`. Each kata's fingerprint "
-                               f"hashes what decided its run (grader/mutation/proof.py).\n\n{text}", encoding="utf-8")
+        _write_report(args.report, proof.load(args.proofs) if args.only is None else records, listed, args.only)
     return 0 if all(not (f.surviving or f.stale or f.gone) for f in results) else 1
 
 

@@ -12,9 +12,11 @@ and trusts the record for the rest.
 from __future__ import annotations
 
 import ast
+import fcntl
 import functools
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -123,9 +125,14 @@ def load(path: Path = PROOFS) -> dict[str, dict]:
 
 
 def save(records: dict[str, dict], path: Path = PROOFS) -> None:
-    """Merge ``records`` into the file (other katas keep theirs), in kata order."""
-    merged = {**load(path), **records}
-    path.write_text(json.dumps(dict(sorted(merged.items())), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Merge ``records`` into the file (other katas keep theirs), in kata order; processes saving at once
+    take turns (a lock beside the file), and the file is replaced whole."""
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merged = {**load(path), **records}
+        fresh = path.with_suffix(f".{os.getpid()}.tmp")
+        fresh.write_text(json.dumps(dict(sorted(merged.items())), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(fresh, path)
 
 
 def stale(kata_ids: list[str], records: dict[str, dict], fingerprints: dict[str, str]) -> list[str]:
