@@ -61,6 +61,13 @@ class Kata:
         """Every API name the tasks ask for, each once, in task order."""
         return tuple(dict.fromkeys(name for task in self.tasks for name in task))
 
+    def api_name(self, word: str) -> str | None:
+        """The API name ``word`` stands for: itself, or a method's short name (``attention_mask`` for
+        ``StaticKVCache.attention_mask``); None when no task asks for it."""
+        if word in self.api_names:
+            return word
+        return next((name for name in self.api_names if name.endswith(f".{word}")), None)
+
     def task_number(self, name: str) -> int | None:
         """1-based number of the README task that asks for ``name``: the first task naming it, else
         (for ``Cls.method``) the first task naming ``Cls``."""

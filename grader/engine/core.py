@@ -256,9 +256,13 @@ class Ctx:
             failure.culprit = named_first(problem, self.accessed)  # a result keyed by its call: that call
             raise failure
 
-    def fail(self, message: str, example: dict | None = None, observed=UNSET) -> None:
+    def fail(self, message: str, example: dict | None = None, observed=UNSET, culprit: str | None = None) -> None:
+        """Fail with ``message``; ``culprit``: the API name whose result differed, where the message does not
+        begin with it (the pointer's "start with task N" follows it)."""
         where = f"on input {report.describe_input(example)}\n  " if example is not None else ""
-        raise Failure(f"{where}{message}", observed)
+        failure = Failure(f"{where}{message}", observed)
+        failure.culprit = culprit
+        raise failure
 
     def call(self, fn: Callable, *args, **kwargs):
         """Call learner code and fail if it modified any tensor argument in place."""
@@ -330,14 +334,12 @@ def named_first(text: str, names: list[str]) -> str | None:
 
 def run_body(ctx: Ctx, body: Callable, example) -> None:
     """Run one body on one input, classifying what the target's code did. A failure's ``culprit`` is the
-    API name whose result differed where the comparison knows it, else the last name the body used."""
+    API name whose result differed where the comparison knows it (else grade.culprit reads the message)."""
     ctx.accessed.clear()
     try:
         body(ctx, example)
     except Failure as failure:
         failure.example, failure.body = example, body
-        if failure.culprit is None and ctx.accessed:
-            failure.culprit = ctx.accessed[-1]
         if isinstance(example, dict) and "on input" not in failure.message:
             failure.message = f"on input {report.describe_input(example)}\n  {failure.message}"
         raise
