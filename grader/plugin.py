@@ -158,15 +158,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for line in grade.not_run_lines(results):
             terminalreporter.write_line(line)
         terminalreporter.write_line(grade.summary(kata, results))
-        for r in results:
-            if r.diagnoses:
-                terminalreporter.write_line(f"  {r.check.title}: looks like {', '.join(r.diagnoses)}")
+        for line in looks_like(results):
+            terminalreporter.write_line(line)
         saved.update(grade.record(kata, results, config.stash[SETTINGS]["target"], str(config.stash[SETTINGS]["device"])))
     if config.stash[SETTINGS]["target"] == "stub":
         try:
             state.save_results(saved, config.rootpath)
         except OSError as exc:
             terminalreporter.write_line(f"kvkata: could not save results ({exc})")
+
+
+def looks_like(results: list[Result]) -> list[str]:
+    """One line per named mistake: the check it is explained under, and how many more name it."""
+    named: dict[str, list[str]] = {}
+    for r in results:
+        for name in r.diagnoses:
+            named.setdefault(name, []).append(r.check.title)
+    return [f"  {titles[0]}: looks like {name}" + (f" (and {len(titles) - 1} more check(s))" if len(titles) > 1 else "")
+            for name, titles in named.items()]
 
 
 class KataFailed(Exception):

@@ -19,6 +19,7 @@ IMPORT_TIMED_OUT = ("importing {label} did not finish within {seconds:g} s: look
 MISSING_NAME = "{label} defines no `{name}`; the kata's API needs it (see the README)"
 MUTATED = "{call} changed its argument `{arg}` in place; a function must not modify its inputs"
 DIAGNOSIS = "this looks like a known mistake: {name}. {why}\n  hint: {hint}"
+SAME_DIAGNOSIS = "this looks like the same known mistake: {name} (explained, with a hint, under \"{check}\")"
 SUMMARY = "kata {kata}: {passed}/{total} checks pass"
 NEXT_STEP = " — start with task {task}, {name}"
 BUILT_ON = " (the checks test {tasks} through it)"
