@@ -160,6 +160,14 @@ def _not_implemented(message: str) -> str | None:
     return message[len(head):].split()[0] if message.startswith(head) and message[len(head):].strip() else None
 
 
+def first_task(kata: manifest.Kata, results: list[Result]) -> int | None:
+    """The README number of the task "start with task N" names for ``results``; None when all pass (or
+    no failing name belongs to a task)."""
+    failing = [culprit(kata, r) for r in results if not r.passed]
+    task = min((kata.task_number(name) or len(kata.tasks) + 1 for name in failing), default=None)
+    return task if task is not None and task <= len(kata.tasks) else None
+
+
 def next_step(kata: manifest.Kata, failing: list[str]) -> str:
     """`` — start with task 3, max_batch_size``: the README's number of the earliest task a failing
     check exercises (never past an earlier failing task), and the first failing name of that task."""
@@ -197,6 +205,7 @@ def record(kata: manifest.Kata, results: list[Result], target_label: str, device
             "total": len(results),
             "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "checks": {r.check.id: {"status": r.status, "diagnoses": r.diagnoses} for r in results},
+            "first_task": first_task(kata, results),  # the task the summary points at (kvkata hint opens there)
         }
     }
 

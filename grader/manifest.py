@@ -37,6 +37,7 @@ class Kata:
     topic: str
     tasks: tuple[tuple[str, ...], ...]  # per numbered task of the README, the API names it asks for
     hints: tuple[str, ...]
+    hint_tasks: tuple[tuple[int, ...], ...] = field(default=())  # per hint, the README tasks it speaks to
     followups: tuple[FollowUp, ...] = field(default=())
 
     @property
@@ -96,12 +97,26 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
             topic=entry["topic"],
             tasks=tuple(_task(t, entry["id"]) for t in entry["tasks"]),
             hints=tuple(entry["hints"]),
+            hint_tasks=_hint_tasks(entry),
             followups=followups,
         )
         if kata.id in katas:
             raise ValueError(f"{path}: kata id {kata.id!r} appears twice")
         katas[kata.id] = kata
     return katas
+
+
+def _hint_tasks(entry: dict) -> tuple[tuple[int, ...], ...]:
+    """``hint_tasks``: one list of README task numbers per hint, the tasks that hint speaks to."""
+    raw = entry.get("hint_tasks", [])
+    where = f"kata {entry['id']}: hint_tasks"
+    if raw and len(raw) != len(entry["hints"]):
+        raise ValueError(f"{where}: expected one list per hint ({len(entry['hints'])}), got {len(raw)}")
+    tasks = tuple(tuple(numbers) for numbers in raw)
+    if any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(entry["tasks"])
+           for numbers in tasks for n in numbers):
+        raise ValueError(f"{where}: expected task numbers from 1 to {len(entry['tasks'])}, got {raw!r}")
+    return tasks
 
 
 def _followup(raw: dict, kata_id: str) -> FollowUp:

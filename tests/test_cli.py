@@ -292,3 +292,30 @@ def test_every_option_of_every_command_says_what_it_does():
         description = shown.stdout.split("\n\n")[1]  # after the usage lines
         assert description.rstrip().endswith("."), f"kvkata {name} --help: {description!r} is cut"
         assert not _options_without_help(shown.stdout), (name, _options_without_help(shown.stdout))
+
+
+# -- hints follow the failure ------------------------------------------------------------------
+def test_hint_opens_at_the_hint_of_the_task_the_latest_run_fails_first(tmp_path, monkeypatch):
+    """Kata 05 failing only in attention_mask (task 3): the first `kvkata hint` is the hint about the
+    mask, not the ladder's first (about update); the next one goes on from there."""
+    from grader import checks, grade, state
+    from grader.engine import Result
+    from grader.learner import tools
+
+    monkeypatch.setenv("KVKATA_STATE", str(tmp_path))
+    kata = manifest.get("05")
+    mask_check = next(c for c in checks.for_kata("05").all if c.uses == "StaticKVCache.attention_mask")
+    results = [Result(c, "fail" if c is mask_check else "pass", "on input x=1\n  attention_mask(1) differs")
+               for c in checks.for_kata("05").all]
+    state.save_results(grade.record(kata, results, "stub", "cpu"))
+    about = next(n for n, tasks in enumerate(kata.hint_tasks, start=1) if 3 in tasks)
+    assert about > 1, "the mask's hint is not the ladder's first, or this test proves nothing"
+    first = tools.hint(kata)
+    assert f"hint {about} of {len(kata.hints)}" in first and "about task 3" in first, first
+    assert kata.hints[about - 1] in first
+
+
+def test_every_hint_names_the_tasks_it_speaks_to():
+    for kata in KATAS:
+        assert len(kata.hint_tasks) == len(kata.hints), kata.id
+        assert all(1 <= n <= len(kata.tasks) for tasks in kata.hint_tasks for n in tasks), kata.id
