@@ -31,6 +31,8 @@ def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0)
     except hangs.NotRun as exc:
         return Result(check, "not-run", exc.message, seconds=time.perf_counter() - started)
     except Failure as failure:
+        if failure.addendum is not None:
+            failure.message, failure.addendum = failure.message + failure.addendum(), None
         failed = Result(check, "fail", failure.message, seconds=time.perf_counter() - started, failure=failure)
         return explain(failed, ctx, mistakes) if mistakes else failed
     except (GraderBug, Exception) as exc:  # not the learner's doing: say so plainly, with the trace
