@@ -22,8 +22,13 @@ MANIFEST_FILE = PACKAGE_DIR / "manifest.toml"
 class FollowUp:
     question: str
     answer: str
-    value: float | None = None  # a numeric answer that can be checked automatically
-    tolerance: float = 0.0  # relative tolerance for ``value``
+    values: tuple[float, ...] = ()  # the numbers the question asks for, in its order, checked automatically
+    tolerance: float = 0.0  # relative tolerance for each of ``values``
+
+    @property
+    def value(self) -> float | None:
+        """The first number the question asks for; None for a question answered in words."""
+        return self.values[0] if self.values else None
 
 
 @dataclass(frozen=True)
@@ -124,14 +129,17 @@ def _followup(raw: dict, kata_id: str) -> FollowUp:
     fill the ``{name}`` fields of the question and the answer, and ``value`` may be a formula too:
     the question, the answer and the checked value then come from one computation."""
     question, answer, value = raw["q"], raw["a"], raw.get("value")
+    values = list(value) if isinstance(value, list) else [] if value is None else [value]
     if "given" in raw:
         names: dict[str, float] = {}
         for name, given in raw["given"].items():
             names[name] = evaluate(given, names, f"kata {kata_id}: given.{name}")
-        if isinstance(value, str):
-            value = evaluate(value, names, f"kata {kata_id}: value")
-        question, answer = question.format(**names, value=value), answer.format(**names, value=value)
-    return FollowUp(question, answer, value, raw.get("tolerance", 0.0))
+        values = [evaluate(v, names, f"kata {kata_id}: value") if isinstance(v, str) else v for v in values]
+        first = values[0] if values else None
+        question, answer = question.format(**names, value=first), answer.format(**names, value=first)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        raise ValueError(f"kata {kata_id}: value: expected a number or a list of numbers, got {value!r}")
+    return FollowUp(question, answer, tuple(values), raw.get("tolerance", 0.0))
 
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,

@@ -167,8 +167,9 @@ def test_every_numeric_follow_up_states_its_value_in_its_answer():
     for kata in KATAS:
         for f in (f for f in kata.followups if f.value is not None):
             stated = [sessions.parse_number(m.group(0)) for m in sessions.NUMBER.finditer(f.answer)]
-            close = [n for n in stated if n is not None and abs(n - f.value) <= max(1e-9, f.tolerance * abs(f.value))]
-            assert close, (kata.id, f.question, f.answer)
+            for value in f.values:
+                close = [n for n in stated if n is not None and abs(n - value) <= max(1e-9, f.tolerance * abs(value))]
+                assert close, (kata.id, f.question, value, f.answer)
 
 
 def test_the_crossover_question_gives_the_numbers_its_answer_uses():
@@ -181,10 +182,41 @@ def test_the_crossover_question_gives_the_numbers_its_answer_uses():
     wanted = math.ceil(weights / per_token)  # "the fewest cached tokens whose cache is at least the weights"
     assert f.value == wanted and f"{wanted:,}" in f.answer
     numeric = [g for g in kata.followups if g.value is not None]
-    lines = ["0"] * len(numeric)
+    lines = [" ".join(["0"] * len(g.values)) for g in numeric]
     lines[numeric.index(f)] = f"{wanted:,}"
     code, out = _quiz(kata, lines)
     assert code == 1 and f"1 of {len(numeric)} right" in out and "try again" not in out, out
+
+
+def test_a_question_asking_for_several_numbers_asks_for_and_checks_each():
+    """Kata 04: "how many GiB of cache with 8 KV heads? And with 32 or 1?" wants three numbers, in order:
+    the first alone is asked again, and one of them wrong is wrong."""
+    kata = manifest.get("04")
+    numeric = [f for f in kata.followups if f.value is not None]
+    f = next(f for f in numeric if "And with 32 or 1?" in f.question)
+    assert len(f.values) == 3, f.values
+    fill = lambda chosen: [chosen if g is f else " ".join(f"{v:g}" for v in g.values) for g in numeric]  # noqa: E731
+    code, out = _quiz(kata, fill(f"{f.values[0]:g} GiB"))  # one number of three: asked again, then no answer
+    assert code == 1 and "3 numbers, in the order asked" in out and "try again" in out, out
+    code, out = _quiz(kata, fill(", ".join(f"{v:g}" for v in (f.values[0], f.values[1] * 2, f.values[2]))))
+    assert code == 1 and "not quite" in out and "try again" not in out, out
+    code, out = _quiz(kata, fill(" GiB, ".join(f"{v:g}" for v in f.values) + " GiB"))
+    assert code == 0 and f"{len(numeric)} of {len(numeric)} right" in out, out
+
+
+def test_the_readmes_quiz_examples_answer_no_question():
+    """The README shows how to write an answer; its examples must not give one away."""
+    from grader.learner import sessions
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Interview practice", 1)[1].split("\n## ", 1)[0]
+    examples = re.findall(r"`([^`]*\d[^`]*)`", section.split("A quiz", 1)[1])
+    assert examples, section
+    answers = {v for k in KATAS for f in k.followups for v in f.values}
+    for example in examples:
+        for m in sessions.NUMBER.finditer(example):
+            number = sessions.parse_number(m.group(0))
+            assert number is None or all(abs(number - a) > 1e-9 * max(1.0, abs(a)) for a in answers), example
 
 
 def test_a_typo_is_asked_again_and_a_wrong_number_is_wrong():
