@@ -108,7 +108,20 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
         )
         if public:
             lines.append(f"kata {kata.id}: {public}")
+        lines += session_note(config, kata)
     return lines
+
+
+SESSION_NOTE = ("kata {kata}: an interview session of this kata is open. This run grades {stub}, the repository's "
+                "file, not the session's ({file}); `kvkata check` grades the session's file")
+
+
+def session_note(config: pytest.Config, kata: manifest.Kata) -> list[str]:
+    """During an interview session of ``kata``, which file this run grades, and how to grade the session's."""
+    session = state.open_session(config.rootpath)
+    if config.stash[SETTINGS]["target"] != "stub" or session is None or session.get("kata") != kata.id:
+        return []
+    return [SESSION_NOTE.format(kata=kata.id, stub=kata.stub, file=session["file"])]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -158,6 +171,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for line in grade.not_run_lines(results):
             terminalreporter.write_line(line)
         terminalreporter.write_line(grade.summary(kata, results))
+        for line in session_note(config, kata):
+            terminalreporter.write_line(line)
         for line in looks_like(results):
             terminalreporter.write_line(line)
         saved.update(grade.record(kata, results, config.stash[SETTINGS]["target"], str(config.stash[SETTINGS]["device"])))

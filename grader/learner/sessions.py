@@ -18,7 +18,7 @@ from grader.learner import tools as learner
 from grader.errors import UsageError
 from grader.stubs import pristine_stub
 
-SESSION = "session.json"
+SESSION = state.SESSION
 HISTORY = "history.json"
 FOLDER = "sessions"
 NUMBER = re.compile(r"[-+]?(?:\d[\d_,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
