@@ -6,7 +6,7 @@ import time
 
 from grader import checks, manifest, render, state
 from grader.engine import CheckTimeout, Ctx, Result, hangs, reconcile, report, run_check, targets, time_limit
-from grader.public_record import public
+from grader.public_record import public, records
 from grader.runtime import pick_device, single_thread  # noqa: F401  (grade.pick_device: the front ends' name for it)
 
 DEFAULT_TIMEOUT = 60.0
@@ -14,7 +14,7 @@ DEFAULT_TIMEOUT = 60.0
 
 def gradable(kata: manifest.Kata) -> bool:
     """Whether this copy can grade the kata: it has the reference, or (a handout) its public record."""
-    return (manifest.REPO_ROOT / kata.solution).is_file() or public.active(kata.id)
+    return records.gradable(kata)
 
 
 def context(kata: manifest.Kata, target: targets.Target, device, seed: int = 0) -> tuple[Ctx, tuple]:

@@ -351,3 +351,21 @@ def test_every_hint_names_the_tasks_it_speaks_to():
     for kata in KATAS:
         assert len(kata.hint_tasks) == len(kata.hints), kata.id
         assert all(1 <= n <= len(kata.tasks) for tasks in kata.hint_tasks for n in tasks), kata.id
+
+
+# -- the board starts without torch, its columns aligned ----------------------------------------------
+def test_the_board_is_built_without_importing_torch(tmp_path):
+    code = ("import sys\nfrom grader import cli\ntext = cli.board()\n"
+            "print('torch' in sys.modules, 'grader.grade' in sys.modules, len(text) > 0)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KVKATA_STATE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "False", "True"], out.stdout + out.stderr
+
+
+def test_every_row_of_the_board_has_its_columns_in_line(tmp_path, monkeypatch):
+    from grader import cli
+
+    monkeypatch.setenv("KVKATA_STATE", str(tmp_path))
+    rows = [line for line in cli.board().splitlines() if re.match(r"  \d\d  ", line)]
+    assert len(rows) == len(KATAS)
+    assert len({row.index(" min ") for row in rows}) == 1, "\n".join(rows)
