@@ -123,10 +123,14 @@ def plain_stats(c, ex, stats) -> dict:
 def judge_stats(c, ex, model, P: int, stats) -> dict:
     stats, want = plain_stats(c, ex, stats), wire_bytes(model, P)
     if stats["kv_bytes"] != want:
-        c.fail(f"stats['kv_bytes'] = {stats['kv_bytes']}, but K and V of {P} tokens take 2 · layers · P · KV heads "
-               f"· head width · bytes per element = {want} bytes (kata 04's formula): no padding, no repeated "
-               "query heads, the header and the first token not counted", ex, ("kv_bytes", stats["kv_bytes"], want),
-               culprit="prefill_worker")
+        per_token, got = want // P, stats["kv_bytes"]
+        why = ("no padding, no repeated query heads, the header and the first token not counted" if got % per_token
+               else f"your count is the K and V of {got // per_token} tokens, and this prompt has {P}"
+               + (": does the cache hold tokens of an earlier request? Each prompt starts from an empty cache"
+                  if got > want else ""))
+        c.fail(f"stats['kv_bytes'] = {got}, but K and V of {P} tokens take 2 · layers · P · KV heads "
+               f"· head width · bytes per element = {want} bytes (kata 04's formula): {why}", ex,
+               ("kv_bytes", got, want), culprit="prefill_worker")
     if stats["messages"] != 2 * model.config.num_hidden_layers + 2:
         c.fail(f"stats['messages'] = {stats['messages']}; the header, K and V of each of the "
                f"{model.config.num_hidden_layers} layers and the first token make "
