@@ -97,7 +97,7 @@ def culprit(kata: manifest.Kata, result: Result) -> str:
                        _your_name(kata, result.message),
                        _crashed_in(kata, result.message)]
     for name in candidates:
-        name = kata.api_name(name) if name else None
+        name = (kata.api_name(name) or name) if name else None  # a method of a class a task asks for stays as named
         if name and kata.task_number(name) is not None:
             return name
     return result.check.uses

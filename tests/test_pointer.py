@@ -25,6 +25,9 @@ CASES = [
      "            self._register(table[-1], hashes[-1])\n", "", "PrefixCache.append_token"),
     ("14", ["swap_programs_match"],  # swap_in keeps the host blocks
      "    del pool._swapped[seq_id]\n    pool._free.extend(reversed(host))", "    del pool._swapped[seq_id]", "swap_in"),
+    ("18", ["every_argument_rejects_bad_values"],  # a check of every function; decode_crossover_batch takes any peak
+     '    peak, bw = _rate("peak_flops", peak_flops), _rate("bandwidth", bandwidth)\n    one',
+     "    peak, bw = peak_flops, bandwidth\n    one", "decode_crossover_batch"),
     ("16", ["disaggregated_equals_one_process"],  # the prefill worker miscounts its messages
      '"messages": len(messages) + 2}', '"messages": len(messages) + 1}', "prefill_worker"),
 ]
