@@ -80,6 +80,7 @@ def _child(rank: int, fn: Callable, port: int, prefix: str, out: int, go: int, d
     code = 0
     try:
         torch.set_num_threads(1)  # first: a forked child with the parent's thread pool deadlocks in matmul
+        threading.stack_size(1 << 16)  # a small stack: a sandbox's address-space limit must not refuse the thread
         threading.Thread(target=_leave_with_the_parent, args=(go,), daemon=True).start()
         faulthandler.dump_traceback_later(deadline, exit=True, file=2)  # a compute loop says where it was (fd 2:
         # a notebook kernel's sys.stderr has no file descriptor), then ends
