@@ -85,13 +85,14 @@ def summary(kata: manifest.Kata, results: list[Result]) -> str:
 def culprit(kata: manifest.Kata, result: Result) -> str:
     """The API name a failed check points at: the function of a README task whose result differed first,
     where the result says which, else the name the check exercises first. In order: the function a stub
-    left unimplemented; the call a comparison named; the first line of the message that begins with an
+    left unimplemented, or that hung; the call a comparison named; the first line of the message that begins with an
     API name (the label of the result that differed), or the step of a program marked as the failing one
     (``→  4  append_token(0, 0)``); the first API name the message calls "your" one; the
     learner's function a crash came through."""
     failure = result.failure
+    hung = re.search(r"(?:hung in|it calls) `([\w.]+)`", result.message) if result.status in ("timeout", "not-run") else None
     candidates = [_not_implemented(result.message) if result.status == "not-implemented" else None,
-                  failure.culprit if failure is not None else None]
+                  hung.group(1) if hung else None, failure.culprit if failure is not None else None]
     if result.status == "fail":
         candidates += [_marked_step(kata, result.message), _leading_name(kata, result.message),
                        _your_name(kata, result.message),
@@ -140,8 +141,9 @@ def _leading_name(kata: manifest.Kata, message: str) -> str | None:
 def _crashed_in(kata: manifest.Kata, message: str) -> str | None:
     """The outermost of the learner's functions in a crash's trace that the API names."""
     for word in re.findall(r'File "[^"]*", line \d+, in ([A-Za-z_][\w.]*)', message):
-        if kata.api_name(word.split(".")[-1]) or kata.api_name(word):
-            return kata.api_name(word) or kata.api_name(word.split(".")[-1])
+        name = kata.api_name(word) or kata.api_name(word.split(".")[-1])
+        if name:
+            return name
     return None
 
 

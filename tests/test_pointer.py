@@ -90,3 +90,9 @@ def test_a_message_naming_a_method_at_its_start_points_at_that_method():
     for message, differed in cases.items():
         line = grade.summary(kata, [Result(check, "fail", message)])
         assert f"start with task {kata.task_number(differed)}, {differed}" in line, (message, line)
+    from grader.engine import hangs, report
+
+    for status, message in (("timeout", report.TIMED_OUT.format(seconds=10) + hangs.HUNG_IN.format(name="StaticKVCache.reset")),
+                            ("not-run", hangs.NOT_RUN.format(name="StaticKVCache.reset", check="x"))):
+        line = grade.summary(kata, [Result(check, status, message)])
+        assert "start with task 4, StaticKVCache.reset" in line, (status, line)
