@@ -156,3 +156,13 @@ def test_during_an_interview_session_pytest_says_which_file_it_grades(run, tmp_p
     assert len(lines) == 2, out  # in the header and again under the summary
     assert all("katas/01/append.py" in line and str(session_file) in line and "kvkata check" in line
                for line in lines), lines
+
+
+def test_the_kata_summary_names_each_mistake_once():
+    """Five checks naming one mistake give one summary line: the check it is explained under, and how many more."""
+    from grader.engine import Result
+    from grader.plugin import looks_like
+
+    results = [Result(c, "fail", "m", ["tiled"]) for c in CHECKS[:3]] + [Result(CHECKS[3], "pass")]
+    lines = looks_like(results)
+    assert lines == [f"  {CHECKS[0].title}: looks like tiled (and 2 more check(s))"], lines
