@@ -90,7 +90,8 @@ def culprit(kata: manifest.Kata, result: Result) -> str:
     (``→  4  append_token(0, 0)``); the first API name the message calls "your" one; the
     learner's function a crash came through."""
     failure = result.failure
-    hung = re.search(r"(?:hung in|it calls) `([\w.]+)`", result.message) if result.status in ("timeout", "not-run") else None
+    hung = re.search(r"(?:hung in|it calls) `([\w.]+)`", result.message) \
+        if result.status in ("timeout", "not-run") else None
     candidates = [_not_implemented(result.message) if result.status == "not-implemented" else None,
                   hung.group(1) if hung else None, failure.culprit if failure is not None else None]
     if result.status == "fail":

@@ -21,7 +21,8 @@ def _bugged(kata, old: str, new: str) -> targets.Target:
 CASES = [
     ("05", ["mixed_run", "full_and_empty_edges", "caches_share_no_storage"],  # a mask that forgets causality
      "return cols <= rows  # (T, L)", "return (cols <= rows) | (cols < filled)", "StaticKVCache.attention_mask"),
-    ("10", ["shared_system_prompt", "eviction_order", "random_programs", "memory_pressure"],  # a full decode block never cached
+    # a full decode block never cached
+    ("10", ["shared_system_prompt", "eviction_order", "random_programs", "memory_pressure"],
      "            self._register(table[-1], hashes[-1])\n", "", "PrefixCache.append_token"),
     ("14", ["swap_programs_match"],  # swap_in keeps the host blocks
      "    del pool._swapped[seq_id]\n    pool._free.extend(reversed(host))", "    del pool._swapped[seq_id]", "swap_in"),
@@ -92,7 +93,7 @@ def test_a_message_naming_a_method_at_its_start_points_at_that_method():
         assert f"start with task {kata.task_number(differed)}, {differed}" in line, (message, line)
     from grader.engine import hangs, report
 
-    for status, message in (("timeout", report.TIMED_OUT.format(seconds=10) + hangs.HUNG_IN.format(name="StaticKVCache.reset")),
-                            ("not-run", hangs.NOT_RUN.format(name="StaticKVCache.reset", check="x"))):
+    timed_out = report.TIMED_OUT.format(seconds=10) + hangs.HUNG_IN.format(name="StaticKVCache.reset")
+    for status, message in (("timeout", timed_out), ("not-run", hangs.NOT_RUN.format(name="StaticKVCache.reset", check="x"))):
         line = grade.summary(kata, [Result(check, status, message)])
         assert "start with task 4, StaticKVCache.reset" in line, (status, line)

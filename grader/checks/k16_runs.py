@@ -134,7 +134,8 @@ def judge_stats(c, ex, model, P: int, stats) -> dict:
     if stats["messages"] != 2 * model.config.num_hidden_layers + 2:
         c.fail(f"stats['messages'] = {stats['messages']}; the header, K and V of each of the "
                f"{model.config.num_hidden_layers} layers and the first token make "
-               f"{2 * model.config.num_hidden_layers + 2}", ex, ("messages", stats["messages"]), culprit="prefill_worker")
+               f"{2 * model.config.num_hidden_layers + 2}", ex, ("messages", stats["messages"]),
+               culprit="prefill_worker")
     return stats
 
 
