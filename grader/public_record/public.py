@@ -20,7 +20,7 @@ import torch
 
 from grader import manifest
 from grader.engine.plain import exception_class, rebuild_exception
-from grader.public_record.tape_keys import PUBLIC_SEED, entry_key, fingerprint
+from grader.public_record.tape_keys import PUBLIC_SEED, SUFFIX, decode, entry_key, fingerprint
 from grader.engine.core import UNSET, Ctx, Failure, GraderBug, Unrecorded, _site, run_body
 from grader.engine.targets import Target
 
@@ -44,10 +44,8 @@ class KnownMistake:
 @lru_cache(maxsize=None)
 def load(kata_id: str) -> dict | None:
     """The kata's public record, or None where there is none (the full repository)."""
-    path = RECORD_DIR / f"{kata_id}.pt"
-    if not path.is_file():
-        return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+    path = RECORD_DIR / f"{kata_id}{SUFFIX}"
+    return decode(path.read_bytes()) if path.is_file() else None
 
 
 def active(kata_id: str) -> bool:
