@@ -120,15 +120,23 @@ def score(rows: list[dict], spec: str | None) -> dict[str, float]:
     return points_of
 
 
-def merge(path: Path, rows: list[dict], settings: dict) -> list[dict]:
-    """The rows of the JSON report at ``path`` with ``rows`` in place of the same submission × kata."""
+def previous(path: Path) -> dict:
+    """The JSON report ``--merge`` merges into."""
     if not path.is_file():
         raise UsageError(f"--merge: no report at {path} to merge into (write one first with --json)")
-    old = reports.read_json(path)
+    return reports.read_json(path)
+
+
+def same_grading(old: dict, settings: cohort.Settings) -> None:
+    """Refuse to merge rows graded otherwise (another seed draws other inputs; another device, other results)."""
     for key in ("seed", "device"):
-        if old.get("settings", {}).get(key) != settings.get(key):
-            raise UsageError(f"--merge: {path} was graded with --{key} {old['settings'].get(key)}, this run with "
-                             f"{settings.get(key)}; grade with the same to merge")
+        if old.get("settings", {}).get(key) != getattr(settings, key):
+            raise UsageError(f"--merge: the report was graded with --{key} {old['settings'].get(key)}, this run "
+                             f"with {getattr(settings, key)}; grade with the same to merge")
+
+
+def merge(old: dict, rows: list[dict]) -> list[dict]:
+    """The rows of the earlier report ``old`` with ``rows`` in place of the same submission × kata."""
     fresh = {(r["submission"], r["kata"]): r for r in rows}
     kept = [fresh.pop((r["submission"], r["kata"]), r) for r in old["rows"]]
     return kept + list(fresh.values())
@@ -140,17 +148,22 @@ def grade(paths: list[str], settings: cohort.Settings, chosen: Choice | None = N
     chosen, out = chosen or Choice(), out or Reports()
     if out.merge and not out.json:
         raise UsageError("--merge needs --json: the JSON report holds every row the others are written from")
-    due = due_date(chosen.due)
+    old = previous(Path(out.json)) if out.merge else {}
+    if out.merge:
+        same_grading(old, settings)
+    given = old.get("settings", {})  # a merge keeps the report's points and due date unless given again
+    points_spec = chosen.points if chosen.points is not None else given.get("points")
+    due = due_date(chosen.due or given.get("due"))
     jobs = jobs_for(paths, chosen.level, chosen.only, chosen.katas)
     if progress:
         progress(f"grading {len(jobs)} submission × kata pair(s), {settings.jobs} at a time, "
                  f"{settings.timeout:g} s each at most")
     rows = cohort.grade_all(jobs, settings, progress)
     stamp(rows, jobs, due)
-    recorded = {**vars(settings), "due": due.isoformat() if due else None, "points": chosen.points}
+    recorded = {**vars(settings), "due": due.isoformat() if due else None, "points": points_spec}
     if out.merge:
-        rows = merge(Path(out.json), rows, recorded)
-    points_of = score(rows, chosen.points)
+        rows = merge(old, rows)
+    points_of = score(rows, points_spec)
     _write(rows, out, recorded)
     return summary(rows) + f"\n\npoints per kata: {choice.describe(points_of)}" + _late_line(rows, due)
 
