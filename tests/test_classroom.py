@@ -8,8 +8,9 @@ import csv
 import io
 import json
 import os
-import stat
 import pathlib
+import shutil
+import stat
 import subprocess
 import sys
 from xml.etree import ElementTree as ET
@@ -104,7 +105,7 @@ def test_assign_writes_a_handout_without_solutions(tmp_path):
     for k in level1:
         assert (out / k.stub).read_text() == (repo / k.stub).read_text() and (out / k.readme).is_file()
         assert (out / k.notebook).is_file() == (repo / k.notebook).is_file()
-        assert (out / "grader" / "public" / f"{k.id}.pt").is_file()
+        assert (out / "grader" / "public" / f"{k.id}.pt.xz").is_file()
     assert not (out / "solutions").exists() and (out / "grader" / "cli.py").is_file()
     assert not (out / "grader" / "mistakes").exists() and not (out / ".github").exists()
     assert "public inputs" in (out / "README.md").read_text()
@@ -467,6 +468,22 @@ def _synthetic(kata: str, statuses: list[str], submission: str = "ann") -> dict:
             "status": "fail", "diagnosis": "", "note": "", "seconds": 1.0, "submitted": "", "late": False,
             "checks": [{"id": f"c{i}", "title": f"check {i}", "status": s, "message": f"{s} here" if s != "pass" else "",
                         "diagnoses": []} for i, s in enumerate(statuses)]}
+
+
+def test_kata_picks_single_katas_for_grading(tmp_path):
+    from grader.classroom import choice
+    from grader.classroom.cohort import grading
+
+    for k in ("01", "03"):
+        (tmp_path / "sub" / "katas" / k).mkdir(parents=True)
+        shutil.copyfile(manifest.REPO_ROOT / manifest.get(k).solution, tmp_path / "sub" / manifest.get(k).stub)
+    assert [j.kata.id for j in grading.jobs_for([str(tmp_path / "sub")], None, False)] == ["01", "03"]
+    assert [j.kata.id for j in grading.jobs_for([str(tmp_path / "sub")], None, False, ["3"])] == ["03"]
+    assert [k.id for k in choice.katas(None, False, ["05", "01", "5"])] == ["01", "05"]
+    for level, only, ids, words in ((1, False, ["01"], "not both"), (None, False, ["42"], "--kata 42"),
+                                    (None, False, None, "--level"), (9, True, None, "--level 9")):
+        with pytest.raises(UsageError, match=words):
+            choice.katas(level, only, ids)
 
 
 def test_junit_counts_match_the_elements(tmp_path):
