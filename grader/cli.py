@@ -312,9 +312,14 @@ def _classroom_commands(command) -> None:
     c.add_argument("--out", help="folder to write (default handout-levelN, or handout-kataNN)")
     c.add_argument("--force", action="store_true", help="replace the folder if it exists")
     c.add_argument("--no-ci", action="store_true", help="leave out the GitHub Classroom workflow (.github/workflows)")
+    _grade_command(command)
+    _packaged_commands(command)
+
+
+def _grade_command(command) -> None:
     c = command("grade", cmd_grade, "grade submissions (folders holding katas/NN/<file>), each isolated")
     c.add_argument("submissions", nargs="+", metavar="SUBMISSION", help="a folder holding katas/NN/<file>")
-    _which_katas(c, "grade the katas of this level (default: those submitted)")
+    _which_katas(c, "the katas graded (default: those submitted)")
     _points_option(c, "in the gradebook and the feedback")
     c.add_argument("--report", metavar="FILE.csv", help="one row per submission × kata")
     c.add_argument("--json", metavar="FILE", help="every row with every check's result (what --merge reads)")
@@ -339,6 +344,9 @@ def _classroom_commands(command) -> None:
     c.add_argument("--seed", type=int, default=0, help="seed of the checks' random inputs (default 0, as "
                    "`pytest katas/NN`)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _packaged_commands(command) -> None:
     c = command("autograder", cmd_autograder, "write a Gradescope autograder (a zip) for a level's katas or single katas")
     _which_katas(c, "its katas")
     _points_option(c, "(the zip's builder prints the total to enter in Gradescope)")
