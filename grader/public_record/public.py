@@ -41,16 +41,21 @@ class KnownMistake:
     hint: str
 
 
+def record_file(kata_id: str):
+    return RECORD_DIR / f"{kata_id}{SUFFIX}"
+
+
 @lru_cache(maxsize=None)
 def load(kata_id: str) -> dict | None:
     """The kata's public record, or None where there is none (the full repository)."""
-    path = RECORD_DIR / f"{kata_id}{SUFFIX}"
+    path = record_file(kata_id)
     return decode(path.read_bytes()) if path.is_file() else None
 
 
 def active(kata_id: str) -> bool:
-    """Whether this kata is graded from its public record (a handout) rather than its reference."""
-    return load(kata_id) is not None and not (manifest.REPO_ROOT / manifest.get(kata_id).solution).is_file()
+    """Whether this kata is graded from its public record (a handout) rather than its reference
+    (told by its file, without reading it: a record is decompressed only when its checks run)."""
+    return record_file(kata_id).is_file() and not (manifest.REPO_ROOT / manifest.get(kata_id).solution).is_file()
 
 
 def checks_of(kata_id: str, all_checks: list) -> list:
