@@ -69,10 +69,10 @@ CI_NOTE = """
 ## GitHub Classroom
 
 On GitHub (GitHub Classroom), every push runs the public checks (`.github/workflows/classroom.yml`):
-each kata is one autograding test worth its points ({points}), scored when all its public checks
-pass, and the points go to the assignment's grade column. The run is red until every kata passes:
-you start from stubs that fail, so a red run on your first pushes is expected. Its summary lists
-each kata's test.
+each kata is one autograding test, scored its points when all its public checks pass, and the
+points go to the assignment's grade column. Points per kata: {points}.
+The run is red until every kata passes: you start from stubs that fail, so a red run on your
+first pushes is expected. Its summary lists each kata's test.
 """
 
 PAGED_NOTE = """
