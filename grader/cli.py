@@ -9,10 +9,12 @@
     kvkata solution NN [--force]  the diff from stub to reference, once the kata passes
     kvkata interview / submit / quiz / history     timed interview practice (grader.learner.sessions)
     kvkata assign / grade         handouts and isolated grading of a cohort (grader.classroom)
-    kvkata autograder             a Gradescope autograder zip for a level (grader.classroom.autograder)
+    kvkata autograder             a Gradescope autograder zip (grader.classroom.autograder)
+    kvkata prairielearn           a PrairieLearn question with an external grader (grader.classroom.prairielearn)
     kvkata model / generate       a real model (SmolLM2) and your kata 08 loop on it (grader.models)
 
-Errors in how it is called print one line and exit with 2, never a traceback.
+Errors in how it is called print one line and exit with 2, never a traceback. A handout carries
+the learner's commands only: there, an instructor's command says so and exits with 2.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from grader.learner import sessions, watch
 from grader.public_record import records
 from grader.errors import UsageError
 
+CLASSROOM = ("assign", "grade", "autograder", "prairielearn")  # need grader.classroom, which a handout leaves out
 DELEGATED = {"bench": "grader.bench.suite", "notebooks": "grader.learner.notebooks",  # subcommands with their own parser
              "generate": "grader.learner.playground", "model": "grader.models"}
 
@@ -197,7 +200,8 @@ def cmd_assign(args) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    print(handouts.assign(args.level, args.out, args.only, args.force, ci=not args.no_ci, say=say))
+    print(handouts.assign(args.level, args.out, args.only, args.force, ci=not args.no_ci, say=say,
+                          kata_ids=args.kata, points=args.points))
     return 0
 
 
@@ -211,7 +215,10 @@ def cmd_grade(args) -> int:
     settings = cohort.Settings(device=args.device, seed=args.seed, timeout=args.timeout, memory_mb=args.memory,
                                jobs=args.jobs, check_timeout=args.check_timeout)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    print(grading.grade(args.submissions, settings, args.level, args.only, args.report, args.json, args.junit, progress))
+    reports = grading.Reports(csv=args.report, json=args.json, junit=args.junit, gradebook=args.gradebook,
+                              feedback=args.feedback, merge=args.merge)
+    chosen = grading.Choice(level=args.level, only=args.only, katas=args.kata, points=args.points, due=args.due)
+    print(grading.grade(args.submissions, settings, chosen, reports, progress))
     return 0
 
 
@@ -221,7 +228,17 @@ def cmd_autograder(args) -> int:
     if args.timeout <= 0 or args.memory < 256:
         raise UsageError("--timeout must be positive and --memory at least 256 (MB)")
     print(autograder.build(args.level, args.out, args.only, args.visibility, args.stdout_visibility,
-                           args.timeout, args.memory))
+                           args.timeout, args.memory, kata_ids=args.kata, points=args.points, seed=args.seed))
+    return 0
+
+
+def cmd_prairielearn(args) -> int:
+    from grader.classroom import prairielearn  # here: the classroom's commands load what grading needs
+
+    if args.timeout <= 0 or args.memory < 256:
+        raise UsageError("--timeout must be positive and --memory at least 256 (MB)")
+    print(prairielearn.build(args.out, args.level, args.only, args.kata, points=args.points, seed=args.seed,
+                             timeout=args.timeout, memory_mb=args.memory, image=args.image, force=args.force))
     return 0
 
 
@@ -275,20 +292,46 @@ def _interview_commands(command) -> None:
     c.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
 
 
+def _which_katas(c, what: str) -> None:
+    c.add_argument("--level", type=int, help=f"{what}: this level and the ones below")
+    c.add_argument("--only", action="store_true", help="with --level: that level only")
+    c.add_argument("--kata", action="append", metavar="NN", help="a kata by id instead of a level (repeat it for "
+                   "several: --kata 03 --kata 05)")
+
+
+def _points_option(c, where: str) -> None:
+    c.add_argument("--points", metavar="SPEC", help=f"points per kata {where}: 10 (every kata), 01=10,02=20, or "
+                   "5,01=10 (every kata 5, kata 01 10); each check is worth its kata's points over its checks "
+                   "(default: one point a check)")
+
+
 def _classroom_commands(command) -> None:
-    c = command("assign", cmd_assign, "make a handout of a level's katas, without solutions")
-    c.add_argument("--level", type=int, required=True, help="the handout's katas: this level and the ones below")
-    c.add_argument("--only", action="store_true", help="only that level, not the ones below")
-    c.add_argument("--out", help="folder to write (default handout-levelN)")
+    c = command("assign", cmd_assign, "make a handout of a level's katas, or of single katas, without solutions")
+    _which_katas(c, "the handout's katas")
+    _points_option(c, "in the GitHub Classroom workflow (whole points)")
+    c.add_argument("--out", help="folder to write (default handout-levelN, or handout-kataNN)")
     c.add_argument("--force", action="store_true", help="replace the folder if it exists")
     c.add_argument("--no-ci", action="store_true", help="leave out the GitHub Classroom workflow (.github/workflows)")
+    _grade_command(command)
+    _packaged_commands(command)
+
+
+def _grade_command(command) -> None:
     c = command("grade", cmd_grade, "grade submissions (folders holding katas/NN/<file>), each isolated")
     c.add_argument("submissions", nargs="+", metavar="SUBMISSION", help="a folder holding katas/NN/<file>")
-    c.add_argument("--level", type=int, help="grade the katas of this level and below (default: those submitted)")
-    c.add_argument("--only", action="store_true", help="with --level: that level only")
+    _which_katas(c, "the katas graded (default: those submitted)")
+    _points_option(c, "in the gradebook and the feedback")
     c.add_argument("--report", metavar="FILE.csv", help="one row per submission × kata")
-    c.add_argument("--json", metavar="FILE", help="every row with every check's result")
+    c.add_argument("--json", metavar="FILE", help="every row with every check's result (what --merge reads)")
     c.add_argument("--junit", metavar="FILE", help="JUnit XML, a test case per kata × check")
+    c.add_argument("--gradebook", metavar="FILE.csv", help="one row per submission: points per kata, the total, "
+                   "when it was submitted and whether late (for an LMS import)")
+    c.add_argument("--feedback", metavar="FOLDER", help="a Markdown file per submission: per kata, each check, "
+                   "what failed and the mistakes it looks like")
+    c.add_argument("--merge", action="store_true", help="re-grade these submissions only and merge their rows "
+                   "into the existing --json report (every report is then written from the merged rows)")
+    c.add_argument("--due", metavar="WHEN", help="the due date (ISO 8601, e.g. 2026-03-01T23:59+01:00): rows "
+                   "submitted later are marked late, and still graded")
     c.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="workers at a time")
     c.add_argument("--timeout", type=float, default=60.0, help="seconds a submission × kata may run once the grader has started (default 60)")
     c.add_argument("--check-timeout", type=float, default=None,
@@ -301,14 +344,29 @@ def _classroom_commands(command) -> None:
     c.add_argument("--seed", type=int, default=0, help="seed of the checks' random inputs (default 0, as "
                    "`pytest katas/NN`)")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    c = command("autograder", cmd_autograder, "write a Gradescope autograder (a zip) for a level's katas")
-    c.add_argument("--level", type=int, required=True, help="its katas: this level and the ones below")
-    c.add_argument("--only", action="store_true", help="that level only (default: it and the levels below)")
+
+
+def _packaged_commands(command) -> None:
+    c = command("autograder", cmd_autograder, "write a Gradescope autograder (a zip) for a level's katas or single katas")
+    _which_katas(c, "its katas")
+    _points_option(c, "(the zip's builder prints the total to enter in Gradescope)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the checks' random inputs when it grades (default 0)")
     c.add_argument("--out", default="autograder.zip", help="the zip to write (default autograder.zip)")
     c.add_argument("--visibility", default="visible", help="when students see the test results: visible (default), "
                    "hidden, after_due_date or after_published")
     c.add_argument("--stdout-visibility", default="hidden", help="the same for the autograder's own output "
                    "(default hidden)")
+    c.add_argument("--timeout", type=float, default=60.0, help="seconds a kata may run (default 60)")
+    c.add_argument("--memory", type=int, default=4096, help="MB the submission's code may allocate (default 4096)")
+    c = command("prairielearn", cmd_prairielearn, "write a PrairieLearn question (a folder) graded by an external "
+                "grader, for a level's katas or single katas")
+    _which_katas(c, "its katas")
+    _points_option(c, "(PrairieLearn gets the fraction scored; its tests list the points)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the checks' random inputs when it grades (default 0)")
+    c.add_argument("--out", required=True, help="the question's folder to write, e.g. questions/kvkata-01")
+    c.add_argument("--force", action="store_true", help="replace the folder if it exists")
+    c.add_argument("--image", default="kvkata-grader", help="the grader's Docker image, built from the question's "
+                   "tests/Dockerfile and pushed to Docker Hub (default kvkata-grader)")
     c.add_argument("--timeout", type=float, default=60.0, help="seconds a kata may run (default 60)")
     c.add_argument("--memory", type=int, default=4096, help="MB the submission's code may allocate (default 4096)")
 
@@ -326,13 +384,36 @@ def parser() -> argparse.ArgumentParser:
 
     _learner_commands(command)
     _interview_commands(command)
-    _classroom_commands(command)
+    if has_classroom():
+        _classroom_commands(command)
     return p
+
+
+def has_classroom() -> bool:
+    """Whether this copy holds the instructor's commands (a handout does not)."""
+    return _here("grader.classroom")
+
+
+def _here(module: str) -> bool:
+    """Whether ``module`` (a package of grader, or a module of one) is part of this copy of grader
+    (another installed copy does not count: its modules would not match this one's)."""
+    parts = module.split(".")[1:]
+    return (manifest.PACKAGE_DIR.joinpath(*parts) / "__init__.py").is_file() or \
+        manifest.PACKAGE_DIR.joinpath(*parts).with_suffix(".py").is_file()
+
+
+def _instructors_only(name: str) -> UsageError:
+    return UsageError(f"`kvkata {name}` is not in a handout, which carries the "
+                      "learner's commands only (`pytest katas/NN`, `kvkata check`, `kvkata watch`, `kvkata hint`); "
+                      f"your instructor runs `kvkata {name}` from the full repository")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and (argv[0] in CLASSROOM and not has_classroom() or
+                     argv[0] in DELEGATED and not _here(DELEGATED[argv[0]])):
+            raise _instructors_only(argv[0])
         if argv and argv[0] in DELEGATED:
             return importlib.import_module(DELEGATED[argv[0]]).main(argv[1:])
         args = parser().parse_args(argv)

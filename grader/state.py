@@ -1,7 +1,8 @@
 """The one folder of learner state (``.kvkata/`` at the repo root, ignored by git).
 
 Every write is atomic (write a temporary file, then rename); a corrupt file is moved aside
-with a warning instead of crashing whatever reads it.
+with a warning instead of crashing whatever reads it. A file written here gets the mode any
+new file gets (0666 less the umask), as ``open`` would give it: a temporary file starts 0600.
 """
 from __future__ import annotations
 
@@ -24,11 +25,27 @@ def state_dir(root: Path | None = None) -> Path:
     return Path(override) if override else (root or manifest.REPO_ROOT) / ".kvkata"
 
 
+def umask() -> int:
+    """The process' umask, read without changing it where Linux shows it (/proc/self/status)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and put back at once
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (never half a file)."""
+    """Write ``data`` to ``path`` through a temporary file and a rename (never half a file), with
+    the mode a new file gets under the umask."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

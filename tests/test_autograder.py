@@ -153,3 +153,45 @@ def test_setup_uses_the_images_python_when_it_is_new_enough(tmp_path):
     (folder / "python3").symlink_to(sys.executable)
     picked = _pick(folder)
     assert picked.stdout.strip() == "picked python3" and not (folder / "apt.log").exists()
+
+
+# -- one kata, its points and its seed -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def kata01_worth_10(tmp_path_factory) -> tuple[Path, str]:
+    """``--kata 01 --points 01=10 --seed 7``: the zip of one kata, worth 10 points."""
+    tmp = tmp_path_factory.mktemp("kata01")
+    zip_path = tmp / "kata01.zip"
+    made = kvkata(manifest.REPO_ROOT, "autograder", "--kata", "01", "--points", "01=10", "--seed", "7",
+                  "--out", str(zip_path), "--timeout", "20")
+    assert made.returncode == 0, made.stderr
+    with zipfile.ZipFile(zip_path) as archive:
+        archive.extractall(tmp / "source")
+    os.chmod(tmp / "source" / "run_autograder", 0o755)
+    return tmp / "source", made.stdout
+
+
+def test_the_zip_builder_prints_the_total_to_enter_in_gradescope(kata01_worth_10):
+    source, said = kata01_worth_10
+    assert "enter 10 as the assignment's total points in Gradescope" in said and "01: 10 (total 10)" in said
+    settings = json.loads((source / "kvkata-autograder.json").read_text())
+    assert settings["katas"] == ["01"] and settings["points"] == {"01": 10.0} and settings["seed"] == 7
+    assert not (source / "grader" / "checks" / "k02.py").exists()
+
+
+def test_each_check_is_worth_the_katas_points_over_its_checks(kata01_worth_10, tmp_path):
+    source, _ = kata01_worth_10
+    total = len(checks.for_kata("01").all)
+    right = _run(source, tmp_path / "right", {K01.file: REFERENCE.encode()})
+    assert len(right["tests"]) == total and right["score"] == pytest.approx(10)
+    assert all(t["max_score"] == pytest.approx(10 / total) for t in right["tests"])
+    wrong = _run(source, tmp_path / "wrong", {K01.file: MISTAKE.apply(REFERENCE).encode()})
+    passed = sum(t["status"] == "passed" for t in wrong["tests"])
+    assert 0 < passed < total and wrong["score"] == pytest.approx(10 * passed / total)
+
+
+def test_kata_and_level_together_are_a_usage_error(tmp_path):
+    usage_error(kvkata(manifest.REPO_ROOT, "autograder", "--level", "1", "--kata", "01", "--out", str(tmp_path / "a.zip")),
+                "not both")
+    usage_error(kvkata(manifest.REPO_ROOT, "autograder", "--kata", "99", "--out", str(tmp_path / "a.zip")), "--kata 99")
+    usage_error(kvkata(manifest.REPO_ROOT, "autograder", "--kata", "01", "--points", "02=5",
+                       "--out", str(tmp_path / "a.zip")), "--points 02=5")

@@ -9,6 +9,8 @@ import io
 import json
 import os
 import pathlib
+import shutil
+import stat
 import subprocess
 import sys
 from xml.etree import ElementTree as ET
@@ -18,6 +20,7 @@ import torch
 
 from conftest import K01, KATAS, copy_repo, kvkata, slow, usage_error
 from grader import checks, grade, manifest, mistakes
+from grader.errors import UsageError
 from grader.engine import plain, run_check, targets
 from grader.classroom.cohort.record import RecordingCtx
 from grader.classroom.cohort.replay import NO_RECORD, ReplayCtx
@@ -86,6 +89,11 @@ SUBMISSIONS = {  # one worker each, so as few as cover every way a submission ca
 }
 
 
+DUE = "2030-01-01T00:00+00:00"
+BEFORE_DUE = 1893369600.0  # 2029-12-31T00:00Z
+AFTER_DUE = 1893459600.0  # 2030-01-01T01:00Z
+
+
 def test_assign_writes_a_handout_without_solutions(tmp_path):
     repo = copy_repo(tmp_path / "repo")
     out = tmp_path / "handout"
@@ -97,7 +105,7 @@ def test_assign_writes_a_handout_without_solutions(tmp_path):
     for k in level1:
         assert (out / k.stub).read_text() == (repo / k.stub).read_text() and (out / k.readme).is_file()
         assert (out / k.notebook).is_file() == (repo / k.notebook).is_file()
-        assert (out / "grader" / "public" / f"{k.id}.pt").is_file()
+        assert (out / "grader" / "public" / f"{k.id}.pt.xz").is_file()
     assert not (out / "solutions").exists() and (out / "grader" / "cli.py").is_file()
     assert not (out / "grader" / "mistakes").exists() and not (out / ".github").exists()
     assert "public inputs" in (out / "README.md").read_text()
@@ -123,11 +131,14 @@ def graded(tmp_path_factory):
     for name, source in SUBMISSIONS.items():
         (tmp / name / "katas" / "01").mkdir(parents=True)
         (tmp / name / K01.stub).write_text(source())
+        os.utime(tmp / name / K01.stub, (BEFORE_DUE, BEFORE_DUE if name != "mistake" else AFTER_DUE))
     (tmp / "empty").mkdir()
     checks_file = (repo / "grader" / "checks" / "k01.py").read_bytes()
     subs = [str(tmp / name) for name in [*SUBMISSIONS, "empty"]]
     ran = kvkata(repo, "grade", *subs, "-j", "2", "--timeout", "10", "--memory", "2048", "--report",
-                 str(tmp / "grades.csv"), "--json", str(tmp / "grades.json"), "--junit", str(tmp / "grades.xml"))
+                 str(tmp / "grades.csv"), "--json", str(tmp / "grades.json"), "--junit", str(tmp / "grades.xml"),
+                 "--gradebook", str(tmp / "gradebook.csv"), "--feedback", str(tmp / "feedback"), "--due", DUE,
+                 "--points", "01=10")
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert (repo / "grader" / "checks" / "k01.py").read_bytes() == checks_file  # the tamperer changed nothing
     rows = {r["submission"]: r for r in csv.DictReader(io.StringIO((tmp / "grades.csv").read_text()))}
@@ -149,7 +160,8 @@ def test_grade_gives_every_submission_an_honest_row(graded):
     assert "solutions" in rows["copier"]["note"] and "SystemExit" in rows["sysexit"]["note"]
     assert "code 3" in rows["exits"]["note"]
     assert int(rows["liar"]["passed"]) < int(total)
-    assert list(rows["flood"]) == ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds"]
+    assert list(rows["flood"]) == ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds",
+                                   "points", "max_points", "submitted", "late"]
     progress = [line for line in ran.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == len(rows)
     assert "checks failed" in ran.stdout and MISTAKE.name in ran.stdout
@@ -394,3 +406,127 @@ def test_an_exact_fraction_crosses_as_itself(tmp_path):
     assert plain.is_data(value)
     plain.save(tmp_path / "f.pt", value)
     assert plain.load(tmp_path / "f.pt") == value
+
+
+# -- points, the gradebook, feedback, due dates and merging -----------------------------------------
+def test_a_cohort_run_writes_a_gradebook_feedback_and_marks_the_late_row(graded):
+    """``--points 01=10 --due``: each kata-01 check worth 10/total; one gradebook line per submission
+    with its points; a feedback file per submission naming the failed checks and the mistake; the
+    row submitted after the due date marked late and still graded."""
+    ran, rows, data, tmp = graded
+    total = len(checks.for_kata("01").all)
+    with open(tmp / "gradebook.csv", newline="") as handle:
+        book = list(csv.DictReader(handle))
+    assert [line["submission"] for line in book] == list(rows)
+    assert list(book[0]) == ["submission", "kata 01", "total", "max", "submitted", "late"]
+    by_name = {line["submission"]: line for line in book}
+    assert by_name["flood"]["kata 01"] == "10" and by_name["untouched"]["kata 01"] == "0"
+    mistake = int(rows["mistake"]["passed"])
+    assert float(by_name["mistake"]["kata 01"]) == pytest.approx(round(10 * mistake / total, 2))
+    assert by_name["mistake"]["late"] == "late" and {line["late"] for n, line in by_name.items() if n != "mistake"} == {""}
+    assert rows["mistake"]["late"] == "True" and rows["mistake"]["status"] == "fail"  # late, not dropped
+    assert by_name["mistake"]["submitted"].startswith("2030-01-01") and by_name["empty"]["submitted"] == ""
+    assert "1 late (mistake), graded and marked" in ran.stdout and "01: 10 (total 10)" in ran.stdout
+    assert data["settings"]["due"] == "2030-01-01T00:00:00+00:00" and data["settings"]["points"] == "01=10"
+    feedback = (tmp / "feedback" / "mistake.md").read_text(encoding="utf-8")
+    assert feedback.startswith("# Feedback: mistake") and MISTAKE.name in feedback and "marked late" in feedback
+    failed = [c for c in data["rows"] if c["submission"] == "mistake"][0]["checks"]
+    for check in failed:
+        assert f"{check['title']} ({check['status']})" in feedback
+    assert sorted(p.name for p in (tmp / "feedback").iterdir()) == sorted(f"{n}.md" for n in rows)
+
+
+def test_regrading_one_submission_merges_into_the_report(graded, tmp_path):
+    """``--merge``: one submission re-graded (its file fixed), its row replaced in every report; the
+    others kept as they were; a report graded with another seed is refused."""
+    _, rows, data, tmp = graded
+    work = tmp_path / "reports"
+    work.mkdir()
+    for name in ("grades.json", "grades.csv"):
+        (work / name).write_bytes((tmp / name).read_bytes())
+    fixed = tmp_path / "mistake"
+    (fixed / "katas" / "01").mkdir(parents=True)
+    (fixed / K01.stub).write_text(REFERENCE)
+    ran = kvkata(manifest.REPO_ROOT, "grade", str(fixed), "--json", str(work / "grades.json"), "--merge", "--report",
+                 str(work / "grades.csv"), "--gradebook", str(work / "book.csv"), "--timeout", "30", "--quiet")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    merged = json.loads((work / "grades.json").read_text())["rows"]
+    assert [r["submission"] for r in merged] == [r["submission"] for r in data["rows"]]
+    after = {r["submission"]: r for r in merged}
+    assert after["mistake"]["status"] == "pass" and after["mistake"]["passed"] == after["mistake"]["total"]
+    before = {r["submission"]: r for r in data["rows"]}
+    assert all(after[n] == before[n] for n in before if n != "mistake")
+    assert len(list(csv.DictReader(io.StringIO((work / "grades.csv").read_text())))) == len(before)
+    other_seed = kvkata(manifest.REPO_ROOT, "grade", str(fixed), "--json", str(work / "grades.json"), "--merge",
+                        "--seed", "3", "--quiet")
+    usage_error(other_seed, "--seed")
+    usage_error(kvkata(manifest.REPO_ROOT, "grade", str(fixed), "--merge"), "--merge needs --json")
+
+
+def _synthetic(kata: str, statuses: list[str], submission: str = "ann") -> dict:
+    return {"submission": submission, "kata": kata, "passed": statuses.count("pass"), "total": len(statuses),
+            "status": "fail", "diagnosis": "", "note": "", "seconds": 1.0, "submitted": "", "late": False,
+            "checks": [{"id": f"c{i}", "title": f"check {i}", "status": s, "message": f"{s} here" if s != "pass" else "",
+                        "diagnoses": []} for i, s in enumerate(statuses)]}
+
+
+def test_kata_picks_single_katas_for_grading(tmp_path):
+    from grader.classroom import choice
+    from grader.classroom.cohort import grading
+
+    for k in ("01", "03"):
+        (tmp_path / "sub" / "katas" / k).mkdir(parents=True)
+        shutil.copyfile(manifest.REPO_ROOT / manifest.get(k).solution, tmp_path / "sub" / manifest.get(k).stub)
+    assert [j.kata.id for j in grading.jobs_for([str(tmp_path / "sub")], None, False)] == ["01", "03"]
+    assert [j.kata.id for j in grading.jobs_for([str(tmp_path / "sub")], None, False, ["3"])] == ["03"]
+    assert [k.id for k in choice.katas(None, False, ["05", "01", "5"])] == ["01", "05"]
+    for level, only, ids, words in ((1, False, ["01"], "not both"), (None, False, ["42"], "--kata 42"),
+                                    (None, False, None, "--level"), (9, True, None, "--level 9")):
+        with pytest.raises(UsageError, match=words):
+            choice.katas(level, only, ids)
+
+
+def test_junit_counts_match_the_elements(tmp_path):
+    from grader.classroom.cohort import reports
+
+    statuses = ["pass", "fail", "not-run", "not-implemented", "timeout", "error", "pass", "not-run"]
+    reports.write_junit([_synthetic("01", statuses), _synthetic("02", ["fail", "pass"])], tmp_path / "r.xml")
+    suite = ET.parse(tmp_path / "r.xml").getroot()[0]
+    cases = suite.findall("testcase")
+    count = {kind: sum(c.find(kind) is not None for c in cases) for kind in ("failure", "error", "skipped")}
+    assert count == {"failure": 3, "error": 1, "skipped": 3}
+    assert {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")} == \
+        {"tests": len(cases), "failures": count["failure"], "errors": count["error"], "skipped": count["skipped"]}
+    assert len(cases) == 10
+
+
+def test_points_weigh_katas_as_the_instructor_sets_them():
+    """Kata 04 has twice kata 02's checks; given 10 points each, all passed is 10 in both, and half
+    of kata 04's checks is 5."""
+    from grader.classroom import choice
+    from grader.classroom.cohort import grading
+
+    n02, n04 = len(checks.for_kata("02").all), len(checks.for_kata("04").all)
+    assert n04 > n02
+    rows = [_synthetic("02", ["pass"] * n02), _synthetic("04", ["pass"] * (n04 // 2) + ["fail"] * (n04 - n04 // 2))]
+    points = grading.score(rows, "02=10,04=10")
+    assert points == {"02": 10.0, "04": 10.0} and rows[0]["points"] == 10
+    assert rows[1]["points"] == pytest.approx(10 * (n04 // 2) / n04)
+    assert grading.score(rows, None) == {"02": n02, "04": n04}  # one a check by default
+    assert choice.points("5,04=20", [manifest.get("02"), manifest.get("04")]) == {"02": 5.0, "04": 20.0}
+    for bad in ("01=x", "0", "04=-1", "03=5"):
+        with pytest.raises(UsageError):
+            choice.points(bad, [manifest.get("02"), manifest.get("04")])
+
+
+def test_written_files_take_the_mode_the_umask_gives(tmp_path):
+    from grader import state
+
+    for mask, mode in ((0o002, 0o664), (0o022, 0o644), (0o077, 0o600)):
+        old = os.umask(mask)
+        try:
+            assert state.umask() == mask
+            state.write_atomic(tmp_path / f"f{mask:o}", b"x")
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((tmp_path / f"f{mask:o}").stat().st_mode) == mode

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from conftest import UNKNOWN_CASES, slow, unknown_bug
 from grader import checks, manifest, mistakes
 from grader.engine import diagnosis, targets
 from grader.classroom import handouts
-from grader.public_record import public, tape
+from grader.public_record import public, tape, tape_keys
 from grader.engine import Ctx, run_check
 
 pytestmark = slow  # every kata's public record is made first (the whole catalogue run on public inputs)
@@ -38,14 +39,57 @@ IDS = [k.id for k in KATAS]
 GOAL = 0.9  # the share of a kata's catalogue its public checks alone must catch
 
 
+RECORD_LIMIT = 10 * 10**6  # bytes a kata's public record may take: a handout must fit a GitHub repository with room
+
+
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> dict[str, dict]:
-    """Every kata's public record, made once (as ``kvkata assign`` makes them), saved and read back
-    as a handout reads it."""
+def saved(tmp_path_factory) -> dict[str, Path]:
+    """Every kata's public record, made once (as ``kvkata assign`` makes them) and saved as a handout holds it."""
     folder = tmp_path_factory.mktemp("records")
-    for k in KATAS:
-        tape.save(folder / f"{k.id}.pt", tape.record(k.id))
-    return {k.id: torch.load(folder / f"{k.id}.pt", weights_only=True) for k in KATAS}
+    return {k.id: tape.save(folder, tape.record(k.id)) for k in KATAS}
+
+
+@pytest.fixture(scope="module")
+def records(saved) -> dict[str, dict]:
+    """The saved records, read back as a handout reads them."""
+    return {kata_id: tape_keys.decode(path.read_bytes()) for kata_id, path in saved.items()}
+
+
+@pytest.mark.parametrize("kata_id", IDS)
+def test_a_public_record_takes_at_most_10_mb(kata_id, saved):
+    size = saved[kata_id].stat().st_size
+    assert saved[kata_id].name == f"{kata_id}{tape_keys.SUFFIX}"
+    assert size <= RECORD_LIMIT, f"kata {kata_id}: its public record takes {size:,} bytes"
+
+
+def outcomes(kata_id: str, record: dict) -> dict[str, list]:
+    """Every public check's result, message and diagnoses on the reference, the stub and each known mistake."""
+    kata = manifest.get(kata_id)
+    targets_ = [("reference", targets.reference(kata)), ("stub", targets.stub(kata))] + \
+        [(m.name, t) for m, t in mistakes.load(kata_id)]
+    return {name: [(r.check.id, r.status, r.message, r.diagnoses) for r in graded(kata_id, target, record)]
+            for name, target in targets_}
+
+
+@pytest.mark.parametrize("kata_id", IDS)
+def test_the_saved_record_grades_exactly_as_the_record_made(kata_id, saved, records):
+    """What a handout reads back (equal tensors kept once, compressed) grades the reference, the stub
+    and every known mistake with the same results, messages and diagnoses as the record as made."""
+    made = tape.record(kata_id)  # the record as the recorder made it, in memory (one process makes it once)
+    assert outcomes(kata_id, records[kata_id]) == outcomes(kata_id, made)
+
+
+def test_equal_tensors_are_kept_once_and_nothing_is_rounded():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    record = {"kata": "01", "a": [x.clone(), x.clone(), x.clone().t()], "b": {"y": x.clone().to(torch.bfloat16)},
+              "c": (x.clone() + 2**-40,)}
+    back = tape_keys.decode(tape_keys.encode(record))
+    first, again, turned = back["a"]
+    assert first.untyped_storage().data_ptr() == again.untyped_storage().data_ptr()  # written once
+    assert turned.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()  # other strides: its own
+    assert torch.equal(turned, x.t()) and turned.stride() == x.t().stride()
+    assert back["b"]["y"].dtype == torch.bfloat16 and torch.equal(back["c"][0], x + 2**-40)  # bit for bit
+    assert not torch.equal(back["c"][0], x)
 
 
 def graded(kata_id: str, target, record: dict) -> list:
@@ -247,31 +291,84 @@ def test_a_level4_only_handout_carries_kata_06s_paged_cache_and_says_so(tmp_path
     assert handouts.paged_note(handouts.katas_for(1)) == ""
 
 
-def test_the_classroom_workflow_runs_the_public_checks(handout, tmp_path):
+def graders(flow: dict) -> list[dict]:
+    """The workflow's command-grader steps, one a kata."""
+    steps = flow["jobs"]["run-autograding-tests"]["steps"]
+    return [s for s in steps if s.get("uses", "").startswith("classroom-resources/autograding-command-grader@")]
+
+
+def test_the_classroom_workflow_scores_each_kata_through_classrooms_actions(handout, tmp_path):
+    """One command-grader test a kata, worth its points, the reporter given every one of them; each
+    test's command fails on the stubs and passes on the solutions, run as the grader runs it (with
+    PATH and HOME only)."""
     flow = yaml.safe_load((handout / ".github" / "workflows" / "classroom.yml").read_text(encoding="utf-8"))
-    assert "push" in flow[True] or "push" in flow.get("on", {})  # YAML 1.1 reads the key `on` as True
-    steps = flow["jobs"]["public-checks"]["steps"]
-    command = steps[-1]["run"]
-    assert command.startswith("kvkata check ") and "$GITHUB_STEP_SUMMARY" in command
-    assert any("pip install -e ." in step.get("run", "") for step in steps)
-    args = command.split()[1:]
-    summary = tmp_path / "summary.md"
-    args[args.index('"$GITHUB_STEP_SUMMARY"')] = str(summary)
-    level1 = handouts.katas_for(1)
-    failing = run(handout, "-m", "grader.cli", *args, env={"KVKATA_STATE": str(tmp_path / "state")})
-    lines = [line for line in summary.read_text(encoding="utf-8").splitlines() if line.startswith("- ")]
-    assert failing.returncode == 1 and len(lines) == len(level1) and all("❌" in line for line in lines), lines
+    assert "push" in flow[True] and "repository_dispatch" in flow[True]  # YAML 1.1 reads the key `on` as True
+    assert flow["permissions"]["checks"] == "write"
+    steps = flow["jobs"]["run-autograding-tests"]["steps"]
+    python = next(s for s in steps if s.get("uses", "").startswith("actions/setup-python@"))
+    assert python["with"]["cache"] == "pip" and python["with"]["cache-dependency-path"] == "pyproject.toml"
+    assert any("pip install -e ." in s.get("run", "") for s in steps)
+    level1, tests = handouts.katas_for(1), graders(flow)
+    assert [t["id"] for t in tests] == [f"kata-{k.id}" for k in level1]
+    assert [t["with"]["max-score"] for t in tests] == [len(checks.for_kata(k.id).all) for k in level1]  # one a check
+    reporter = steps[-1]
+    assert reporter["uses"].startswith("classroom-resources/autograding-grading-reporter@")
+    assert reporter["with"]["runners"].split(",") == [t["id"] for t in tests]
+    assert reporter["env"] == {f"{t['id'].upper()}_RESULTS": f"${{{{steps.{t['id']}.outputs.result}}}}" for t in tests}
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHONPATH": str(handout),
+           "KVKATA_STATE": str(tmp_path / "state")}
+
+    def exits(test: dict) -> int:
+        command = test["with"]["command"].replace("kvkata ", f"{sys.executable} -m grader.cli ", 1)
+        return subprocess.run(command, shell=True, cwd=handout, env=env, capture_output=True, timeout=600).returncode
+
+    assert [exits(t) for t in tests] == [1] * len(tests)  # red from the first push: the stubs fail
     for k in level1:
         shutil.copyfile(manifest.REPO_ROOT / k.solution, handout / k.stub)
-    summary.unlink()
-    passing = run(handout, "-m", "grader.cli", *args, env={"KVKATA_STATE": str(tmp_path / "state")})
-    lines = [line for line in summary.read_text(encoding="utf-8").splitlines() if line.startswith("- ")]
-    assert passing.returncode == 0 and len(lines) == len(level1) and all("✅" in line for line in lines), lines
-    for k in level1:
-        shutil.copyfile(manifest.REPO_ROOT / k.stub, handout / k.stub)
+    try:
+        assert [exits(t) for t in tests] == [0] * len(tests)
+    finally:
+        for k in level1:
+            shutil.copyfile(manifest.REPO_ROOT / k.stub, handout / k.stub)
+    readme = (handout / "README.md").read_text(encoding="utf-8")
+    assert "red until every kata passes" in readme
     bare = tmp_path / "bare"
     handouts.assign(1, str(bare), only=True, ci=False)
     assert not (bare / ".github").exists() and "GitHub Classroom" not in (bare / "README.md").read_text()
+
+
+def test_a_single_kata_handout_carries_the_learners_commands_only(tmp_path):
+    """``--kata 04 --points 04=10``: kata 04 alone, worth 10 in its workflow; no instructor's part
+    (the classroom, the bench and its sound file, mutation testing) and a pyproject naming none;
+    the instructor's commands refuse clearly; and, under umask 002, files a group can read and write."""
+    old = os.umask(0o002)
+    try:
+        out = tmp_path / "kata04"
+        said = handouts.assign(None, str(out), kata_ids=["4"], points="04=10")
+    finally:
+        os.umask(old)
+    assert "04: 10 (total 10)" in said
+    assert sorted(p.name for p in (out / "katas").iterdir()) == ["04"]
+    assert [t["with"]["max-score"] for t in graders(yaml.safe_load((out / ".github" / "workflows" / "classroom.yml")
+                                                                    .read_text()))] == [10]
+    for part in ("classroom", "bench", "mutation", "mutation_equivalents.toml", "mutation_report.md"):
+        assert not (out / "grader" / part).exists(), part
+    assert not list(out.rglob("*.wav"))
+    text = (out / "pyproject.toml").read_text(encoding="utf-8")
+    for name in ("grader.mutation", "grader.bench", "grader.classroom", "importlinter", "tests"):
+        assert name not in text, name
+    assert tomllib.loads(text)["tool"]["pytest"]["ini_options"]["testpaths"] == ["katas"]
+    for command in (["grade", "."], ["assign", "--level", "1"], ["autograder", "--level", "1"], ["bench"],
+                    ["prairielearn", "--kata", "01", "--out", "q"]):
+        refused = run(out, "-m", "grader.cli", *command)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.startswith(f"kvkata: error: `kvkata {command[0]}` is not in a handout"), refused.stderr
+    helped = run(out, "-m", "grader.cli", "--help")
+    assert "check" in helped.stdout and "assign" not in helped.stdout and "autograder" not in helped.stdout
+    assert out.stat().st_mode & 0o777 == 0o775
+    for path in [out / "katas" / "04" / manifest.get("04").file, out / "grader" / "public" / f"04{tape_keys.SUFFIX}",
+                 out / "README.md", out / "grader" / "pristine" / "04" / manifest.get("04").file]:
+        assert path.stat().st_mode & 0o777 == 0o664, (path, oct(path.stat().st_mode))
 
 
 def test_a_handout_carries_every_checks_module_its_katas_import():

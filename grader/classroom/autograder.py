@@ -1,6 +1,7 @@
 """``kvkata autograder``: a Gradescope autograder for a level's katas, and the grading it runs there.
 
     kvkata autograder --level 2 [--only] --out autograder.zip [--visibility after_published] ...
+    kvkata autograder --kata 03 --points 03=10 --seed 4242 --out kata03.zip
 
 The zip holds, at its root, what Gradescope asks for (see Gradescope's autograder specification):
 ``setup.sh`` (run once when the image is built: a virtual environment with a CPU build of torch
@@ -11,7 +12,10 @@ For each submission, ``run_autograder`` finds the kata files wherever they are i
 ``/autograder/submission`` (the files alone, a ``katas/`` tree, or a zip of either), grades them
 exactly as ``kvkata grade`` does (a sandboxed worker per kata, time and memory limits, replayed
 against the reference), and writes ``/autograder/results/results.json``: one test per check with
-its diagnosis and hint as output. Whatever happens, the file is written. The environment
+its diagnosis and hint as output, worth its kata's points over the kata's checks (``--points``;
+one point a check by default). The builder prints the total, which is the assignment's points
+to enter in Gradescope. The settings file (``kvkata-autograder.json``) keeps the katas, points and
+seed chosen when it was built. Whatever happens, the file is written. The environment
 variable ``KVKATA_AUTOGRADER_ROOT`` (default ``/autograder``) moves the whole tree, which is how
 the project's tests run the real script.
 """
@@ -28,7 +32,7 @@ import zipfile
 from pathlib import Path
 
 from grader import manifest, state
-from grader.classroom import handouts
+from grader.classroom import choice, handouts
 from grader.classroom.cohort import sandbox as cohort
 from grader.errors import UsageError
 
@@ -91,18 +95,20 @@ fi
 
 
 # -- building the zip -------------------------------------------------------------------------
-def build(level: int, out: str, only: bool = False, visibility: str = "visible", stdout_visibility: str = "hidden",
-          timeout: float = 60.0, memory_mb: int = 4096) -> str:
-    """Write the autograder zip; what was written, to print."""
-
+def build(level: int | None, out: str, only: bool = False, visibility: str = "visible",
+          stdout_visibility: str = "hidden", timeout: float = 60.0, memory_mb: int = 4096,
+          kata_ids: list[str] | None = None, points: str | None = None, seed: int = 0) -> str:
+    """Write the autograder zip; what was written, to print (with the total points for Gradescope)."""
     for name, value in (("--visibility", visibility), ("--stdout-visibility", stdout_visibility)):
         if value not in VISIBILITY:
             raise UsageError(f"{name} {value}: expected one of {', '.join(VISIBILITY)}")
-    katas = handouts.katas_for(level, only)
+    katas = handouts.katas_for(level, only, kata_ids)
     handouts.require_solutions(katas, "an autograder")
+    points_of = choice.points(points, katas)
     dest = Path(out).resolve()
     settings = {"level": level, "only": only, "katas": [k.id for k in katas], "visibility": visibility,
-                "stdout_visibility": stdout_visibility, "timeout": timeout, "memory_mb": memory_mb}
+                "stdout_visibility": stdout_visibility, "timeout": timeout, "memory_mb": memory_mb,
+                "points": points_of, "seed": seed}
     with tempfile.TemporaryDirectory(prefix="kvkata-autograder-") as tmp:
         source = Path(tmp) / "source"
         _copy_project(source, katas)
@@ -116,9 +122,12 @@ def build(level: int, out: str, only: bool = False, visibility: str = "visible",
                     info = zipfile.ZipInfo(str(path.relative_to(source)), date_time=(2020, 1, 1, 0, 0, 0))
                     info.external_attr = (0o755 if path.name in ("setup.sh", "run_autograder") else 0o644) << 16
                     archive.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
+    total = choice.number(sum(points_of.values()))
     return (f"wrote {dest}: a Gradescope autograder for {len(katas)} kata(s) "
-            f"({', '.join(k.id for k in katas)}), one test per check, visibility {visibility}; upload it as the "
-            "assignment's autograder (Configure Autograder → Zip file upload)")
+            f"({', '.join(k.id for k in katas)}), one test per check, visibility {visibility}, seed {seed}\n"
+            f"points per kata: {choice.describe(points_of)}\n"
+            f"enter {total} as the assignment's total points in Gradescope; upload the zip as its autograder "
+            "(Configure Autograder → Zip file upload)")
 
 
 def _copy_project(dest: Path, katas: list[manifest.Kata]) -> None:
@@ -185,17 +194,20 @@ def find_kata_files(tree: Path, katas: list[manifest.Kata]) -> dict[str, Path]:
 
 # -- grading one submission -------------------------------------------------------------------------
 def results_json(rows: list[dict], settings: dict, seconds: float, notes: list[str]) -> dict:
+    """Gradescope's results: a test per check, worth its kata's points (settings' ``points``; one a
+    check in a zip built without them) over the kata's checks."""
     tests, lines = [], []
     for row in rows:
+        worth = choice.per_check(settings.get("points", {}).get(row["kata"], row["total"]), row["total"])
         lines.append(f"kata {row['kata']}: {row['passed']}/{row['total']} checks pass ({row['status']})"
                      + (f" — {row['note']}" if row["note"] else ""))
         for number, check in enumerate(row["checks"], 1):
             passed = check["status"] == "pass"
             tests.append({"name": f"kata {row['kata']} · {check['title']}", "number": f"{row['kata']}.{number}",
-                          "score": 1.0 if passed else 0.0, "max_score": 1.0,
+                          "score": worth if passed else 0.0, "max_score": worth,
                           "status": "passed" if passed else "failed", "output": check["message"],
                           "visibility": settings["visibility"]})
-    return {"score": float(sum(t["score"] for t in tests)), "execution_time": round(seconds),
+    return {"score": round(float(sum(t["score"] for t in tests)), 6), "execution_time": round(seconds),
             "output": "\n".join(notes + lines), "visibility": settings["visibility"],
             "stdout_visibility": settings["stdout_visibility"], "tests": tests}
 

@@ -1,7 +1,9 @@
-"""``kvkata assign``: a handout of a level's katas — stubs, READMEs, notebooks, the grader without
-solutions, mistakes, the recorder or the checks of other katas, each kata's public record
-(grader.public_record.tape) so its checks run there, and a GitHub Classroom workflow that runs them on
-every push. Kata 06's paged cache comes along only as a copy for level-4 katas without kata 06."""
+"""``kvkata assign``: a handout of a level's katas or of single katas — stubs, READMEs, notebooks,
+the grader without solutions, mistakes, the recorder, the checks of other katas or the instructor's
+parts (the classroom's commands, the bench, mutation testing), each kata's public record
+(grader.public_record.tape) so its checks run there, a pyproject of its own and a GitHub Classroom
+workflow (grader.classroom.workflow) that scores them on every push. Kata 06's paged cache comes
+along only as a copy for level-4 katas without kata 06."""
 from __future__ import annotations
 
 import ast
@@ -12,11 +14,12 @@ import time
 from pathlib import Path
 
 from grader import manifest, state
+from grader.classroom import choice, workflow
 from grader.errors import UsageError
 from grader.public_record import tape
 from grader.stubs import pristine_stub
 
-STUDENT_README = """# KV-cache katas — level {level} handout
+STUDENT_README = """# KV-cache katas — a handout of {covers}
 
 {table}
 
@@ -63,35 +66,14 @@ limit, and sends you back, per kata, the checks passed and what failed.
 """
 
 CI_NOTE = """
-On GitHub (GitHub Classroom), every push runs these checks (`.github/workflows/classroom.yml`):
-the job's summary has one line per kata, and the job fails while any check fails.
-"""
+## GitHub Classroom
 
-WORKFLOW = """# Runs the handout's public checks on every push; one line per kata in the job summary.
-name: kata checks
-on:
-  push:
-  workflow_dispatch:
-permissions:
-  contents: read
-jobs:
-  public-checks:
-    runs-on: ubuntu-latest
-    timeout-minutes: 30
-    steps:
-      - uses: actions/checkout@v4
-      - uses: actions/setup-python@v5
-        with:
-          python-version: "3.11"
-      - name: Install (PyTorch for the CPU, then this project)
-        run: |
-          python -m pip install --upgrade pip
-          python -m pip install torch --index-url https://download.pytorch.org/whl/cpu
-          python -m pip install -e .
-      - name: Public checks
-        run: kvkata check --device cpu --summary "$GITHUB_STEP_SUMMARY"
+On GitHub (GitHub Classroom), every push runs the public checks (`.github/workflows/classroom.yml`):
+each kata is one autograding test, scored its points when all its public checks pass, and the
+points go to the assignment's grade column. Points per kata: {points}.
+The run is red until every kata passes: you start from stubs that fail, so a red run on your
+first pushes is expected. Its summary lists each kata's test.
 """
-
 
 PAGED_NOTE = """
 {users} on kata 06's paged cache, which this handout does not assign: `grader/paged.py`
@@ -107,12 +89,8 @@ so finish kata 06 first.
 """
 
 
-def katas_for(level: int, only: bool = False) -> list[manifest.Kata]:
-    chosen = [k for k in manifest.load().values() if (k.level == level if only else k.level <= level)]
-    if not chosen:
-        levels = sorted({k.level for k in manifest.load().values()})
-        raise UsageError(f"--level {level}: no kata has that level; levels: {', '.join(map(str, levels))}")
-    return chosen
+def katas_for(level: int | None, only: bool = False, ids: list[str] | None = None) -> list[manifest.Kata]:
+    return choice.katas(level, only, ids)
 
 
 def require_solutions(katas: list[manifest.Kata], what: str) -> None:
@@ -169,6 +147,7 @@ def _checks_imported(path: Path) -> list[str]:
 PAGED_COPY = "paged_reference.py"  # where grader/paged.py looks for a copy (its COPY)
 SHARED_CHECKS = ("__init__.py",)  # with checks/support/, which every kata's checks use
 NOT_IN_A_HANDOUT = ("__pycache__", "pristine", "public", "mistakes", "tape.py")  # tape: the recorder
+INSTRUCTORS_ONLY = ("classroom", "bench", "mutation", "mutation_equivalents.toml", "mutation_report.md")
 
 
 def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
@@ -178,8 +157,8 @@ def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         skip = {n for n in names if n in NOT_IN_A_HANDOUT or n.endswith(".pyc")}
-        if Path(folder) == manifest.PACKAGE_DIR:  # mutation testing needs the references, and its lists quote them
-            skip |= {n for n in names if n in ("mutation", "mutation_equivalents.toml", "mutation_report.md")}
+        if Path(folder) == manifest.PACKAGE_DIR:  # grading a cohort, the bench and mutation testing need the references
+            skip |= {n for n in names if n in INSTRUCTORS_ONLY}
         if Path(folder) == checks_dir:
             skip |= {n for n in names if n.endswith(".py") and n not in kept}
         if Path(folder) == checks_dir / "promises":  # the promise tables of its own katas only
@@ -208,12 +187,6 @@ def paged_note(katas: list[manifest.Kata]) -> str:
                        else f"Katas {', '.join(users[:-1])} and {users[-1]} build")
 
 
-def _pyproject() -> str:
-    """The repository's, with the handout's katas as the tests (no tests/ folder in a handout)."""
-    text = (manifest.REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    return text.replace('testpaths = ["tests"]', 'testpaths = ["katas"]')
-
-
 def record_public(dest: Path, katas: list[manifest.Kata], say=None) -> dict[str, dict]:
     """Write each kata's public record into ``dest`` (a handout's grader/public); per kata, what it
     holds: public checks of all, and the known mistakes they catch (measured on the public inputs)."""
@@ -223,7 +196,7 @@ def record_public(dest: Path, katas: list[manifest.Kata], say=None) -> dict[str,
     for k in katas:
         started = time.monotonic()
         data = tape.record(k.id, progress=say)
-        tape.save(dest / f"{k.id}.pt", data)
+        tape.save(dest, data)
         shares[k.id] = tape.share(data)
         if say:
             caught = shares[k.id]
@@ -239,19 +212,34 @@ def _share_line(k: manifest.Kata, share: dict) -> str:
     return f"| {k.id} {k.title} | {n} of {m} | {caught} of {total}{percent} |"
 
 
-def assign(level: int, out: str | None, only: bool = False, force: bool = False, ci: bool = True, say=None) -> str:
-    """Write a handout of the level's katas to ``out``; what was written, to print. ``say`` hears progress."""
-    katas = katas_for(level, only)
+def title(katas: list[manifest.Kata], level: int | None, only: bool) -> str:
+    """``level 2`` or ``level 2 and below`` or ``kata 03`` / ``katas 03 and 05``: what the handout covers."""
+    if level is not None:
+        return f"level {level}" if only or level == min(k.level for k in manifest.load().values()) else \
+            f"level {level} and below"
+    ids = [k.id for k in katas]
+    return f"kata {ids[0]}" if len(ids) == 1 else f"katas {', '.join(ids[:-1])} and {ids[-1]}"
+
+
+def assign(level: int | None, out: str | None, only: bool = False, force: bool = False, ci: bool = True, say=None,
+           kata_ids: list[str] | None = None, points: str | None = None) -> str:
+    """Write a handout of the chosen katas (a level, or ``kata_ids``) to ``out``; what was written, to
+    print. ``points`` (``--points``) sets each kata's points in its GitHub Classroom workflow."""
+    katas = katas_for(level, only, kata_ids)
     require_solutions(katas, "a handout")
-    dest = Path(out or f"handout-level{level}").resolve()
+    points_of = choice.points(points, katas)
+    workflow_text = workflow.text(katas, points_of) if ci else None
+    default = f"handout-level{level}" if level is not None else "handout-kata" + "-".join(k.id for k in katas)
+    dest = Path(out or default).resolve()
     if dest == manifest.REPO_ROOT or manifest.REPO_ROOT.is_relative_to(dest) or dest.is_relative_to(manifest.PACKAGE_DIR):
         raise UsageError(f"--out {dest}: that would overwrite the repository itself; choose another folder")
     if dest.exists() and not force:
         raise UsageError(f"--out {dest} exists already; choose another folder, or add --force to replace it")
     dest.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=".kvkata-handout-", dir=dest.parent))
+    build.chmod(0o777 & ~state.umask())  # mkdtemp makes it 0700: the handout gets a new folder's mode
     try:
-        notebooks = _fill(build, katas, level, ci, say)
+        notebooks = _fill(build, katas, title(katas, level, only), workflow_text, points_of, say)
         if dest.exists():
             shutil.rmtree(dest)
         build.rename(dest)
@@ -260,14 +248,15 @@ def assign(level: int, out: str | None, only: bool = False, force: bool = False,
     listed = ", ".join(f"{k.id} ({k.title})" for k in katas)
     return (f"wrote a handout of {len(katas)} kata(s) to {dest}: {listed}"
             + (f"; notebooks: {', '.join(notebooks)}" if notebooks else "; no notebooks yet")
-            + ("; a GitHub Classroom workflow" if ci else "")
+            + (f"; a GitHub Classroom workflow, points {choice.describe(points_of)}" if ci else "")
             + "\nno solutions and no known-mistake catalogue are in it, only the public checks' recorded answers "
             "(see its README)" + ("; but a copy of kata 06's reference paged cache, which its katas build on"
                                    if paged_copy_needed(katas) else "")
             + "; grade the submissions with `kvkata grade`")
 
 
-def _fill(build: Path, katas: list[manifest.Kata], level: int, ci: bool, say) -> list[str]:
+def _fill(build: Path, katas: list[manifest.Kata], covers: str, workflow_text: str | None, points_of: dict,
+          say) -> list[str]:
     root, notebooks = manifest.REPO_ROOT, []
     for k in katas:
         stub, _ = pristine_stub(k)
@@ -279,17 +268,18 @@ def _fill(build: Path, katas: list[manifest.Kata], level: int, ci: bool, say) ->
             notebooks.append(k.notebook)
     _copy_grader(build / "grader", katas)
     shares = record_public(build / "grader" / "public", katas, say)
-    (build / "pyproject.toml").write_text(_pyproject(), encoding="utf-8")
+    (build / "pyproject.toml").write_text(workflow.pyproject(), encoding="utf-8")
     if (root / ".gitignore").is_file():
         shutil.copyfile(root / ".gitignore", build / ".gitignore")
-    if ci:
+    if workflow_text is not None:
         (build / ".github" / "workflows").mkdir(parents=True)
-        (build / ".github" / "workflows" / "classroom.yml").write_text(WORKFLOW, encoding="utf-8")
+        (build / ".github" / "workflows" / "classroom.yml").write_text(workflow_text, encoding="utf-8")
     table = "\n".join(f"- kata {k.id} — {k.title} (level {k.level}, about {k.minutes} min): `katas/{k.id}/{k.file}`"
                       for k in katas)
     hint = "\nNotebooks, one a kata, are in `notebooks/`; their check cell runs the same public checks." if notebooks else ""
-    text = STUDENT_README.format(level=level, table=table, notebooks=hint, first=katas[0].id,
+    ci = CI_NOTE.format(points=choice.describe(points_of)) if workflow_text is not None else ""
+    text = STUDENT_README.format(covers=covers, table=table, notebooks=hint, first=katas[0].id,
                                  shares="\n".join(_share_line(k, shares[k.id]) for k in katas), paged=paged_note(katas),
-                                 ci=CI_NOTE if ci else "")
+                                 ci=ci)
     (build / "README.md").write_text(text, encoding="utf-8")
     return notebooks

@@ -21,7 +21,7 @@ import torch
 from grader import manifest
 from grader.engine.plain import exception_class, rebuild_exception
 from grader.public_record.records import record_path
-from grader.public_record.tape_keys import PUBLIC_SEED, entry_key, fingerprint
+from grader.public_record.tape_keys import PUBLIC_SEED, decode, entry_key, fingerprint
 from grader.engine.core import UNSET, Ctx, Failure, GraderBug, Unrecorded, _site, run_body
 from grader.engine.targets import Target
 
@@ -41,18 +41,20 @@ class KnownMistake:
     hint: str
 
 
+record_file = record_path  # the name the classroom's tools use
+
+
 @lru_cache(maxsize=None)
 def load(kata_id: str) -> dict | None:
     """The kata's public record, or None where there is none (the full repository)."""
     path = record_path(kata_id)
-    if not path.is_file():
-        return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return decode(path.read_bytes()) if path.is_file() else None
 
 
 def active(kata_id: str) -> bool:
-    """Whether this kata is graded from its public record (a handout) rather than its reference."""
-    return load(kata_id) is not None and not (manifest.REPO_ROOT / manifest.get(kata_id).solution).is_file()
+    """Whether this kata is graded from its public record (a handout) rather than its reference
+    (told by its file, without reading it: a record is decompressed only when its checks run)."""
+    return record_file(kata_id).is_file() and not (manifest.REPO_ROOT / manifest.get(kata_id).solution).is_file()
 
 
 def checks_of(kata_id: str, all_checks: list) -> list:

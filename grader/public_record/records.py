@@ -7,11 +7,12 @@ from pathlib import Path
 from grader import manifest
 
 RECORD_DIR = manifest.PACKAGE_DIR / "public"
+SUFFIX = ".pt.xz"  # grader/public/NN.pt.xz: the record, xz-compressed (grader.public_record.tape_keys writes it)
 
 
 def record_path(kata_id: str) -> Path:
     """The file of the kata's public record (present in a handout only)."""
-    return RECORD_DIR / f"{kata_id}.pt"
+    return RECORD_DIR / f"{kata_id}{SUFFIX}"
 
 
 def gradable(kata: manifest.Kata) -> bool:

@@ -12,8 +12,9 @@ grading), and writes down (``record``):
 - per known mistake, what each check's body did on each of those inputs (pass, or the failure
   and what the mistake's code produced), so a handout names mistakes without their code.
 
-Everything is plain data (grader.engine.plain), saved with ``torch.save`` and read back with
-``weights_only=True``. A handout replays it with grader.public_record.public, which shares only
+Everything is plain data (grader.engine.plain), saved as grader.public_record.tape_keys writes it
+(``torch.save`` with equal tensors kept once, then xz) and read back with ``weights_only=True``.
+A handout replays it with grader.public_record.public, which shares only
 grader.public_record.tape_keys with this module: the recorder needs the references and the known
 mistakes, which a handout does not have.
 """
@@ -25,12 +26,11 @@ from pathlib import Path
 
 import torch
 
-from grader import checks, manifest, mistakes
+from grader import checks, manifest, mistakes, state
 from grader.engine import diagnosis, targets
-from grader.engine import plain as plain_io
 from grader.engine import report
 from grader.engine.plain import NotPlain, describe_exception, observation, opaque, plain
-from grader.public_record.tape_keys import PUBLIC_SEED, VERSION, entry_key, fingerprint
+from grader.public_record.tape_keys import PUBLIC_SEED, SUFFIX, VERSION, encode, entry_key, fingerprint
 from grader.engine import Ctx, GraderBug, run_check
 from grader.runtime import single_thread
 
@@ -267,6 +267,8 @@ def share(tape: dict) -> dict:
             "mistakes": len(tape["mistakes"])}
 
 
-def save(path: Path, tape: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    plain_io.save(path, tape)
+def save(folder: Path, tape: dict) -> Path:
+    """Write the kata's record into ``folder`` (a handout's grader/public) as its file; the file's path."""
+    path = folder / f"{tape['kata']}{SUFFIX}"
+    state.write_atomic(path, encode(tape))
+    return path

@@ -1,6 +1,7 @@
 """``kvkata grade``: a cohort's submissions, each run in a sandbox, judged against the reference.
 
-    grading         find the submissions, grade them, write the reports
+    grading         find the submissions, grade them, stamp and score the rows, merge, write the reports
+    reports         CSV, JSON, JUnit, the gradebook and a feedback file per submission
     sandbox         workers forked from a warm server, each sandboxed, with time and memory limits
     server          what the warm server does once, before it forks anything
     worker          the learner's side, in the sandbox: record what the code returns (record)

@@ -1,20 +1,45 @@
-"""``kvkata grade``: a cohort's submissions found, graded each in isolation (grader.classroom.cohort.sandbox)
-and written out as CSV, JSON and JUnit reports, with the cohort summary."""
+"""``kvkata grade``: a cohort's submissions found, graded each in isolation (grader.classroom.cohort.sandbox),
+stamped with when they were submitted (late rows marked against ``--due``, never dropped), worth
+points per kata (grader.classroom.choice), merged into an earlier report on ``--merge``, and written
+out (grader.classroom.cohort.reports), with the cohort summary."""
 from __future__ import annotations
 
 import collections
-import csv
-import io
-import json
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from xml.etree import ElementTree as ET
 
-from grader import checks, manifest, state
+from grader import checks, manifest
+from grader.classroom import choice
+from grader.classroom.cohort import reports
 from grader.classroom.cohort import sandbox as cohort
-from grader.classroom.handouts import katas_for
 from grader.errors import UsageError
 
-CSV_COLUMNS = ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds"]
+CSV_COLUMNS = reports.CSV_COLUMNS
+
+
+@dataclass
+class Choice:
+    """Which katas (``level``/``only`` or ``katas`` by id; default: those submitted), their points, the due date."""
+
+    level: int | None = None
+    only: bool = False
+    katas: list[str] | None = None
+    points: str | None = None
+    due: str | None = None
+
+
+@dataclass
+class Reports:
+    """Where to write each report (None: not written); ``merge``: into the rows of the existing ``json``."""
+
+    csv: str | None = None
+    json: str | None = None
+    junit: str | None = None
+    gradebook: str | None = None
+    feedback: str | None = None
+    merge: bool = field(default=False)
 
 
 def _names(roots: list[Path]) -> list[str]:
@@ -22,15 +47,15 @@ def _names(roots: list[Path]) -> list[str]:
     return [str(r) if names.count(n) > 1 else n for r, n in zip(roots, names)]
 
 
-def jobs_for(paths: list[str], level: int | None, only: bool) -> list[cohort.Job]:
+def jobs_for(paths: list[str], level: int | None, only: bool, ids: list[str] | None = None) -> list[cohort.Job]:
     """Every submission × kata to grade; a clear error for a path that is no folder or a kata
     that cannot be graded here."""
     roots = list(dict.fromkeys(Path(p) for p in paths))
     for r in roots:
         if not r.is_dir():
             raise UsageError(f"{r}: not a folder; a submission is a folder holding katas/NN/<file>")
-    if level is not None:
-        katas = katas_for(level, only)
+    if level is not None or ids:
+        katas = choice.katas(level, only, ids)
     else:
         katas = [k for k in manifest.load().values() if any(cohort.find_file(r, k) for r in roots)]
         if not katas:
@@ -47,52 +72,119 @@ def jobs_for(paths: list[str], level: int | None, only: bool) -> list[cohort.Job
     return [cohort.Job(name, root, k, cohort.find_file(root, k)) for root, name in zip(roots, _names(roots)) for k in katas]
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    state.write_atomic(path, buffer.getvalue().encode("utf-8"))
+# -- when it was submitted -------------------------------------------------------------------------
+def due_date(text: str | None) -> datetime | None:
+    """``--due`` as an aware time (a time without a zone is this machine's local time)."""
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--due {text}: not a date and time in ISO 8601, e.g. 2026-03-01T23:59 or "
+                         "2026-03-01T23:59+01:00") from None
+    return when.astimezone() if when.tzinfo is None else when
 
 
-def write_json(rows: list[dict], path: Path, settings: cohort.Settings) -> None:
-    data = {"settings": vars(settings), "rows": rows}
-    state.write_atomic(path, json.dumps(data, indent=2).encode("utf-8"))
+def submitted_at(job: cohort.Job) -> datetime | None:
+    """When the kata's file was submitted: the last commit of the submission's own git repository
+    (a GitHub Classroom clone), else the file's modification time; None without a file."""
+    if job.file is None:
+        return None
+    if (job.root / ".git").exists():
+        try:
+            ran = subprocess.run(["git", "-C", str(job.root), "log", "-1", "--format=%cI", "--", str(job.file)],
+                                 capture_output=True, text=True, timeout=30)
+            if ran.returncode == 0 and ran.stdout.strip():
+                return datetime.fromisoformat(ran.stdout.strip())
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+    return datetime.fromtimestamp(job.file.stat().st_mtime, tz=timezone.utc).astimezone()
 
 
-def write_junit(rows: list[dict], path: Path) -> None:
-    """JUnit XML: a test suite per submission, a test case per kata × check."""
-    suites = ET.Element("testsuites", name="kvkata")
-    for submission in dict.fromkeys(r["submission"] for r in rows):
-        mine = [r for r in rows if r["submission"] == submission]
-        cases = [(r, c) for r in mine for c in r["checks"]]
-        failures = sum(c["status"] != "pass" for _, c in cases)
-        suite = ET.SubElement(suites, "testsuite", name=submission, tests=str(len(cases)), failures=str(failures),
-                              time=f"{sum(r['seconds'] for r in mine):.2f}")
-        for r, c in cases:
-            case = ET.SubElement(suite, "testcase", classname=f"{submission}.kata{r['kata']}", name=c["title"])
-            if c["status"] != "pass":
-                kind = "skipped" if c["status"] in ("not-implemented", "not-run") else "failure"
-                node = ET.SubElement(case, kind, message=f"{c['status']}: {c['message'].splitlines()[0] if c['message'] else ''}")
-                node.text = c["message"]
-    state.write_atomic(path, ET.tostring(suites, encoding="utf-8", xml_declaration=True))
+def stamp(rows: list[dict], jobs: list[cohort.Job], due: datetime | None) -> None:
+    """Each row's ``submitted`` (ISO 8601, or empty) and ``late`` (after ``due``)."""
+    for row, job in zip(rows, jobs):
+        when = submitted_at(job)
+        row["submitted"] = when.isoformat(timespec="seconds") if when else ""
+        row["late"] = bool(when and due and when > due)
 
 
-def grade(paths: list[str], settings: cohort.Settings, level: int | None = None, only: bool = False,
-          csv_path: str | None = None, json_path: str | None = None, junit_path: str | None = None,
+def score(rows: list[dict], spec: str | None) -> dict[str, float]:
+    """Each row's ``points`` (its checks passed, each worth its kata's points over its checks) and
+    ``max_points``; the points of each kata."""
+    katas = [manifest.get(k) for k in dict.fromkeys(r["kata"] for r in rows)]
+    points_of = choice.points(spec, katas)
+    for row in rows:
+        row["max_points"] = points_of[row["kata"]]
+        row["points"] = round(row["passed"] * choice.per_check(points_of[row["kata"]], row["total"]), 6)
+    return points_of
+
+
+def previous(path: Path) -> dict:
+    """The JSON report ``--merge`` merges into."""
+    if not path.is_file():
+        raise UsageError(f"--merge: no report at {path} to merge into (write one first with --json)")
+    return reports.read_json(path)
+
+
+def same_grading(old: dict, settings: cohort.Settings) -> None:
+    """Refuse to merge rows graded otherwise (another seed draws other inputs; another device, other results)."""
+    for key in ("seed", "device"):
+        if old.get("settings", {}).get(key) != getattr(settings, key):
+            raise UsageError(f"--merge: the report was graded with --{key} {old['settings'].get(key)}, this run "
+                             f"with {getattr(settings, key)}; grade with the same to merge")
+
+
+def merge(old: dict, rows: list[dict]) -> list[dict]:
+    """The rows of the earlier report ``old`` with ``rows`` in place of the same submission × kata."""
+    fresh = {(r["submission"], r["kata"]): r for r in rows}
+    kept = [fresh.pop((r["submission"], r["kata"]), r) for r in old["rows"]]
+    return kept + list(fresh.values())
+
+
+def grade(paths: list[str], settings: cohort.Settings, chosen: Choice | None = None, out: Reports | None = None,
           progress=None) -> str:
     """Grade every submission × kata and write the reports; the cohort summary, to print."""
-    jobs = jobs_for(paths, level, only)
+    chosen, out = chosen or Choice(), out or Reports()
+    if out.merge and not out.json:
+        raise UsageError("--merge needs --json: the JSON report holds every row the others are written from")
+    old = previous(Path(out.json)) if out.merge else {}
+    if out.merge:
+        same_grading(old, settings)
+    given = old.get("settings", {})  # a merge keeps the report's points and due date unless given again
+    points_spec = chosen.points if chosen.points is not None else given.get("points")
+    due = due_date(chosen.due or given.get("due"))
+    jobs = jobs_for(paths, chosen.level, chosen.only, chosen.katas)
     if progress:
         progress(f"grading {len(jobs)} submission × kata pair(s), {settings.jobs} at a time, "
                  f"{settings.timeout:g} s each at most")
     rows = cohort.grade_all(jobs, settings, progress)
-    for path, write in ((csv_path, write_csv), (junit_path, write_junit)):
+    stamp(rows, jobs, due)
+    recorded = {**vars(settings), "due": due.isoformat() if due else None, "points": points_spec}
+    if out.merge:
+        rows = merge(old, rows)
+    points_of = score(rows, points_spec)
+    _write(rows, out, recorded)
+    return summary(rows) + f"\n\npoints per kata: {choice.describe(points_of)}" + _late_line(rows, due)
+
+
+def _write(rows: list[dict], out: Reports, settings: dict) -> None:
+    for path, write in ((out.csv, reports.write_csv), (out.junit, reports.write_junit),
+                        (out.gradebook, reports.write_gradebook)):
         if path:
             write(rows, Path(path))
-    if json_path:
-        write_json(rows, Path(json_path), settings)
-    return summary(rows)
+    if out.json:
+        reports.write_json(rows, Path(out.json), settings)
+    if out.feedback:
+        reports.write_feedback(rows, Path(out.feedback), settings.get("due"))
+
+
+def _late_line(rows: list[dict], due: datetime | None) -> str:
+    if due is None:
+        return ""
+    late = sorted({r["submission"] for r in rows if r.get("late")})
+    return f"\ndue {due.isoformat(timespec='minutes')}: " + (f"{len(late)} late ({', '.join(late)}), graded and marked"
+                                                             if late else "none late")
 
 
 def _did_not_run(check: dict) -> bool:
