@@ -147,7 +147,8 @@ def _checks_imported(path: Path) -> list[str]:
 PAGED_COPY = "paged_reference.py"  # where grader/paged.py looks for a copy (its COPY)
 SHARED_CHECKS = ("__init__.py",)  # with checks/support/, which every kata's checks use
 NOT_IN_A_HANDOUT = ("__pycache__", "pristine", "public", "mistakes", "tape.py")  # tape: the recorder
-INSTRUCTORS_ONLY = ("classroom", "bench", "mutation", "mutation_equivalents.toml", "mutation_report.md")
+INSTRUCTORS_ONLY = ("classroom", "bench", "mutation", "mutation_equivalents.toml", "mutation_report.md",
+                    "mutation_proofs.json", "mutation_proofs.lock")
 
 
 def _copy_grader(dest: Path, katas: list[manifest.Kata]) -> None:
