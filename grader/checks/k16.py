@@ -58,6 +58,8 @@ def prefill_sends_the_prompts_cache(ctx):
     ctx.case({**BASE, "dtype": "bfloat16", "seed": 6}, _prefill_body)
     ctx.case({**BASE, "head_dim": 6, "seed": 13}, _prefill_body)  # not width // heads = 8
     ctx.case({**BASE, "near_tie": True, "seed": 14}, _prefill_body)  # the first token 1e-8 above the next id
+    ctx.case({**BASE, **LARGE, "dtype": "float16", "seed": 19}, _prefill_body)  # half x large
+    ctx.case({**BASE, "prompt": [0, 47, 3, 0], "seed": 20}, _prefill_body)  # ids 0 and the last of 48
     ctx.forall(exchanges(layerwise=(False,)), _prefill_body, max_examples=3)
 
 
