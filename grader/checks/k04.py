@@ -186,6 +186,7 @@ def _scores(ex: dict) -> tuple[int, int]:
 WIDTHS = [32, 64, 80, 96, 128, 256]
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "float8_e4m3fn": 1}
 DTYPE_NAMES = list(DTYPE_BYTES)
+DTYPE_FIELDS = ("dtype", "torch_dtype")  # the README names the field under either key; a message may use either
 
 
 @st.composite
@@ -343,8 +344,10 @@ def from_config_rejects_bad_input(ctx):
          _config_case(_without(LLAMA2_7B, "num_attention_heads"), 1, 8), ("num_attention_heads",)),
         ("neither head_dim nor hidden_size", _config_case(_without(LLAMA3_8B, "hidden_size"), 1, 8),
          ("hidden_size", "head_dim")),
-        ("no dtype and no bytes_per_elem", _config_case(_without(LLAMA3_8B, "torch_dtype"), 1, 8), ("dtype",)),
-        ("an unknown dtype name", _config_case({**LLAMA3_8B, "torch_dtype": "not-a-dtype"}, 1, 8), ("dtype",)),
+        ("no dtype and no bytes_per_elem", _config_case(_without(LLAMA3_8B, "torch_dtype"), 1, 8),
+         DTYPE_FIELDS),
+        ("an unknown dtype name", _config_case({**LLAMA3_8B, "torch_dtype": "not-a-dtype"}, 1, 8),
+         DTYPE_FIELDS),
         ("a negative batch", _config_case(LLAMA3_8B, -1, 8), ("batch",)),
         ("a negative seq_len", _config_case(LLAMA3_8B, 1, -8), ("seq_len",)),
         ("a negative bytes_per_elem", _config_case(LLAMA3_8B, 1, 8, -2), ("bytes_per_elem",)),

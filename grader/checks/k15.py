@@ -184,6 +184,7 @@ def tokens_equal_each_prompt_alone(ctx):
     ctx.case({"lengths": [1], "max_new_tokens": 4, "seed": 2}, body)  # one prompt: plain greedy decoding
     ctx.case({"lengths": [1, 1, 1, 1], "max_new_tokens": 3, "seed": 3}, body)
     ctx.case({"prompts": [[0, 47, 10], [47], [5, 0]], "max_new_tokens": 5, "seed": 4}, body)
+    ctx.case({"lengths": [3, 1, 5], "max_new_tokens": 5, "near_tie": True, "seed": 5}, body)  # picks in float64
     ctx.forall(runs(), body, max_examples=8)
 
 

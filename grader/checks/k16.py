@@ -56,6 +56,10 @@ def prefill_sends_the_prompts_cache(ctx):
     ctx.case({**BASE, "prompt_len": 1, "heads": (2, 1), "layers": 3, "seed": 5}, _prefill_body)
     ctx.case({**BASE, **LARGE}, _prefill_body)
     ctx.case({**BASE, "dtype": "bfloat16", "seed": 6}, _prefill_body)
+    ctx.case({**BASE, "head_dim": 6, "seed": 13}, _prefill_body)  # not width // heads = 8
+    ctx.case({**BASE, "near_tie": True, "seed": 14}, _prefill_body)  # the first token 1e-8 above the next id
+    ctx.case({**BASE, **LARGE, "dtype": "float16", "seed": 19}, _prefill_body)  # half x large
+    ctx.case({**BASE, "prompt": [0, 47, 3, 0], "seed": 20}, _prefill_body)  # ids 0 and the last of 48
     ctx.forall(exchanges(layerwise=(False,)), _prefill_body, max_examples=3)
 
 
@@ -106,6 +110,9 @@ def decode_continues_greedy(ctx):
     ctx.case({**BASE, "eos": 3, "max_new_tokens": 8, "seed": 7}, body)
     ctx.case({**BASE, **LARGE, "max_new_tokens": 3}, body)
     ctx.case({**BASE, "dtype": "bfloat16", "max_new_tokens": 4, "seed": 10}, body)
+    ctx.case({**BASE, "eos": "id 0", "max_new_tokens": 8, "seed": 15}, body)  # EOS id 0, said at a later step
+    ctx.case({**BASE, "near_tie": True, "seed": 16}, body)  # every pick 1e-8 above the next lower id
+    ctx.case({**BASE, "head_dim": 12, "heads": (2, 1), "seed": 17}, body)  # not width // heads = 16
     ctx.forall(exchanges(layerwise=(False,)), body, max_examples=3)
 
 
@@ -142,4 +149,5 @@ def disaggregated_equals_one_process(ctx):
 
     ctx.case({**BASE, "layerwise": True, "eos": 2}, body)
     ctx.case({**BASE, "requests": 2, "layerwise": True, "seed": 12}, body)  # layer-wise then whole, one group
+    ctx.case({**BASE, "layerwise": True, "head_dim": 6, "eos": "id 0", "max_new_tokens": 8, "seed": 18}, body)
     ctx.forall(exchanges(max_new=(1, 6)), body, max_examples=3)

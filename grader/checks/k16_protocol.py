@@ -16,10 +16,23 @@ FIELDS = ("n_layers", "seq_len", "n_kv_heads", "head_dim")
 
 
 # -- task 1: the header and the messages ----------------------------------------------------------------
+def _view(h: torch.Tensor, how: str | None) -> torch.Tensor:
+    """The header as decode_header receives it: a copy, or the same values as a view (README: a view is a
+    header like any other) — ``offset``: a slice starting 3 elements into a longer buffer; ``strided``:
+    every second element of one."""
+    if h.dim() != 1:
+        return h.clone()
+    if how == "offset":
+        return torch.cat([torch.full((3,), -7, dtype=h.dtype), h.clone()])[3:]
+    if how == "strided":
+        return torch.stack([h.clone(), torch.full_like(h, -7)], 1)[:, 0]  # stride 2
+    return h.clone()
+
+
 def _header_run(api, ex):
     h = api.encode_header(n_layers=ex["layers"], seq_len=ex["seq_len"], n_kv_heads=ex["kv"], head_dim=ex["dim"],
                           dtype=DTYPES[ex["dtype"]])
-    back = api.decode_header(h.clone()) if isinstance(h, torch.Tensor) else None
+    back = api.decode_header(_view(h, ex.get("view"))) if isinstance(h, torch.Tensor) else None
     plain = {k: str(v).split(".")[-1] if isinstance(v, torch.dtype) else v for k, v in back.items()} \
         if isinstance(back, dict) else back
     return {"header": h, "decoded": plain}
@@ -41,6 +54,8 @@ def header_round_trip(ctx):
     ctx.case({"layers": 2, "seq_len": 5, "kv": 2, "dim": 8, "dtype": "float64"}, body)
     ctx.case({"layers": 1, "seq_len": 1, "kv": 1, "dim": 1, "dtype": "bfloat16"}, body)  # every size at its bound
     ctx.case({"layers": 80, "seq_len": 131072, "kv": 8, "dim": 128, "dtype": "float16"}, body)
+    ctx.case({"layers": 3, "seq_len": 7, "kv": 4, "dim": 16, "dtype": "float32", "view": "offset"}, body)
+    ctx.case({"layers": 3, "seq_len": 7, "kv": 4, "dim": 16, "dtype": "bfloat16", "view": "strided"}, body)
     ctx.forall(st.fixed_dictionaries({"layers": st.integers(1, 64), "seq_len": st.integers(1, 5000),
                                       "kv": st.integers(1, 16), "dim": st.integers(1, 256),
                                       "dtype": st.sampled_from(sorted(DTYPES))}), body, max_examples=8)

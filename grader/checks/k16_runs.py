@@ -3,8 +3,10 @@
 about what went over the wire and what the decode worker fed its model.
 
 An example: ``seed``, ``prompt_len`` (or ``prompt``), ``layers``, ``heads`` (query heads, KV heads),
-``dtype`` (a name: "float64", "bfloat16", …), ``max_new_tokens``, ``eos`` ("none", or the index of
-the greedy token that is made the EOS), ``layerwise``, ``width`` (the model's hidden size).
+``dtype`` (a name: "float64", "bfloat16", …), ``max_new_tokens``, ``eos`` ("none", the index of
+the greedy token that is made the EOS, or "id 0": id 0 as the EOS, said at a later step), ``layerwise``,
+``width`` (the model's hidden size), ``head_dim`` (given apart from width // heads), ``near_tie`` (every
+greedy pick 1e-8 above the next lower id: distinct in float64 only).
 """
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import numbers
 
 import torch
 from hypothesis import strategies as st
+from torch import nn
 
 from grader.checks.k16_peers import Wire, live, pair, receiver, sender, watched
+from grader.checks.support import envelope
 from grader.checks.support.common import SEEDS, tiny_llama
 from grader.checks.support.models import TIE, first_wrong, greedy_alone
 from grader.engine import report
@@ -26,8 +30,39 @@ HEADS = [(4, 2), (2, 1), (4, 4)]
 def model_of(ex: dict):
     q, kv = ex.get("heads", (4, 2))
     model = tiny_llama(ex["seed"], "cpu", num_hidden_layers=ex.get("layers", 2), num_attention_heads=q,
-                       num_key_value_heads=kv, hidden_size=ex.get("width", 32), max_position_embeddings=512)
+                       num_key_value_heads=kv, hidden_size=ex.get("width", 32), max_position_embeddings=512,
+                       head_dim=ex.get("head_dim"))  # None: hidden_size // heads
+    if ex.get("near_tie"):
+        envelope.near_tie(model)
+    if ex.get("eos") == "id 0":
+        _make_id_0_the_eos(model, prompt_of(ex, model.config.vocab_size), ex["max_new_tokens"])
     return model.to(DTYPES[ex.get("dtype", "float64")])
+
+
+class _SwappedIds(nn.Module):
+    """An LM head whose logits of ids a and b trade places, so the model says 0 where it said t."""
+
+    def __init__(self, head: nn.Module, a: int, b: int):
+        super().__init__()
+        self.head, self.a, self.b = head, a, b
+
+    @property
+    def weight(self) -> torch.Tensor:  # the model reads its device and dtype here
+        return self.head.weight
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        out = self.head(h).clone()  # (B, T, V)
+        out[..., [self.a, self.b]] = out[..., [self.b, self.a]]
+        return out
+
+
+def _make_id_0_the_eos(model, prompt: list[int], n: int) -> None:
+    """Relabel the greedy token at a later step as id 0 (the step before which neither it nor 0 came), so a
+    run whose EOS is 0 stops there: an ``if eos_token_id`` that takes 0 for None never stops."""
+    tokens = greedy_alone(model, prompt, max(n, 1))  # the last step left out: a budget would stop the run there
+    stop = max((i for i in range(len(tokens) - 1) if not {0, tokens[i]} & set(tokens[:i])), default=0)
+    if tokens[stop] != 0:
+        model.lm_head = _SwappedIds(model.lm_head, 0, tokens[stop])
 
 
 def prompt_of(ex: dict, vocab: int) -> list[int]:
@@ -38,9 +73,12 @@ def prompt_of(ex: dict, vocab: int) -> list[int]:
 
 
 def eos_of(ex: dict, model, prompt: list[int]):
-    """The example's EOS: None, or the greedy token at index ``ex["eos"]`` (so the run stops there)."""
+    """The example's EOS: None, id 0 (``"id 0"``: the model made to say 0 at a later step), or the greedy token
+    at index ``ex["eos"]`` (so the run stops there)."""
     if ex.get("eos", "none") == "none":
         return None
+    if ex["eos"] == "id 0":
+        return 0
     return greedy_alone(model, prompt, ex["eos"] + 1)[ex["eos"]]
 
 

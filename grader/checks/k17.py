@@ -15,7 +15,8 @@ from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import expect_no_bias, expect_value_error, expect_value_error_soon, randn
 from grader.checks.k17_inputs import (bad_forward_calls, bad_generate_calls, bad_sizes, cross_projections,
                                       device_scenario, fed_to_the_encoder, model_for, truth_tokens)
-from grader.checks.k17_programs import bad_calls, cache_step, new_cache, programs, run_program
+from grader.checks.k17_programs import (bad_calls, cache_step, empty_reorder, new_cache, only_cross, programs,
+                                        run_program)
 from grader.checks.k17_runs import (Counting, attention_examples, attention_run, build_layer, counted, generate,
                                     projection_rows, runs, spy_model, tokens_of, verify)
 from grader.engine import Checks
@@ -37,6 +38,10 @@ def cache_matches_the_reference(ctx):
     # one layer's cross part set, the other's not; crop(seq_len()) and crop(0); a reorder that drops a row
     ctx.case({**base, "seed": 2, "ops": [("cross", 0, 3), ("update", 2), ("crop", 2), ("reorder", [1]),
                                          ("update", 1), ("crop", 0), ("cross", 1, 3), ("update", 1)]}, body)
+    # only cross parts, then reordered (the batch is theirs); reset into another batch; crop(0) then update
+    ctx.case({**base, "seed": 3, "ops": [("cross", 0, 4), ("reorder", [1, 1, 0]), ("cross", 1, 2), ("update", 2),
+                                         ("reset", 1), ("update", 1), ("crop", 0), ("update", 2), ("reset", 3),
+                                         ("cross", 0, 2), ("update", 1)]}, body)
     ctx.forall(programs(), body, max_examples=15)
     envelope.run(ctx, base, ("large", "half", "strided"), body,
                  large={"heads": 16, "ops": [("cross", 0, 300), ("cross", 1, 300), ("update", 257), ("update", 1),
@@ -64,6 +69,8 @@ def cache_rejects_bad_input(ctx):
                        ex, ("changed", what))
 
     ctx.case({"seed": 0}, body)
+    ctx.case({"seed": 1, "case": "a cache holding only a cross part"}, only_cross)
+    ctx.case({"seed": 2, "case": "reorder of a cache that holds nothing"}, empty_reorder)
 
 
 @CHECKS.add("two EncoderDecoderKVCache instances driven in turn behave as each alone (no shared storage)",

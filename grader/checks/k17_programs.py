@@ -1,5 +1,6 @@
 """Programs for kata 17's cache checks: drawn sequences of ``update`` (every layer, T new tokens),
-``set_cross`` (one layer, S_enc frames), ``crop``, ``reorder`` (repeats and dropped rows) and ``reset``,
+``set_cross`` (one layer, S_enc frames), ``crop``, ``reorder`` (repeats and dropped rows) and ``reset`` (the
+next request in another batch),
 run on the learner's ``EncoderDecoderKVCache`` and on the reference's, every result and the whole
 state (``seq_len``, ``cross_len``, ``cross`` of every layer, ``nbytes``) compared after every call.
 The driver keeps its own count of the batch, the self length and the layers whose cross part is set,
@@ -11,7 +12,7 @@ import torch
 from hypothesis import strategies as st
 
 from grader.checks.support import envelope, protocol
-from grader.checks.support.common import DTYPES, SEEDS, named, randn
+from grader.checks.support.common import DTYPES, SEEDS, expect_value_error, named, randn, value_error_names
 
 
 @st.composite
@@ -23,7 +24,7 @@ def programs(draw, max_ops=9):
                    st.tuples(st.just("cross"), st.integers(0, 2), st.integers(1, 6)),
                    st.tuples(st.just("crop"), st.integers(0, 9)),
                    st.tuples(st.just("reorder"), st.lists(st.integers(0, 5), min_size=1, max_size=4)),
-                   st.tuples(st.just("reset")))
+                   st.tuples(st.just("reset"), st.integers(1, 3)))  # the next request's batch
     ex["ops"] = draw(st.lists(op, min_size=2, max_size=max_ops))
     ex["seed"] = draw(SEEDS)
     return ex
@@ -71,11 +72,14 @@ class Driver:
             self.length = n
             return f"crop({n})", cache.crop(n)
         if op[0] == "reorder":
+            if not (self.length or self.crossed):  # no token, no frame: the README leaves the rows open
+                return "(the cache holds no token and no frame: reorder not called)", None
             rows = [r % self.batch for r in op[1]]
-            if self.length or self.crossed:
-                self.batch = len(rows)
+            self.batch = len(rows)
             return f"reorder(tensor({rows}))", cache.reorder(torch.tensor(rows, device=device))
         self.length, self.crossed = 0, set()
+        if len(op) > 1:  # the next request may bring another batch
+            self.batch = op[1]
         return "reset()", cache.reset()
 
 
@@ -157,3 +161,49 @@ def bad_calls(cache, k: torch.Tensor, kc: torch.Tensor, wide: torch.Tensor) -> l
         ("reorder([0]) (a list)", lambda: cache.reorder([0]), ("index",)),
     ]
     return calls
+
+
+def only_cross(c, ex) -> None:
+    """A cache whose only part is layer 0's cross part (batch 1): the batch is that part's (README: "in either
+    part"), so a k of batch 2 is refused, by update as by set_cross, and nothing changes."""
+    cache = c.t.EncoderDecoderKVCache()
+    kc = randn(ex["seed"], 1, 2, 5, 4, device=c.device)
+    wide = randn(ex["seed"] + 1, 2, 2, 3, 4, device=c.device)
+    cache.set_cross(0, kc, kc.clone())
+    for what, call in (("update(0, k, v) with batch 2 where only a cross part of batch 1 is held",
+                        lambda: cache.update(0, wide, wide.clone())),
+                       ("set_cross(1, k, v) with batch 2 where only a cross part of batch 1 is held",
+                        lambda: cache.set_cross(1, wide, wide.clone()))):
+        expect_value_error(c, call, what=what, names=("k",), example=ex)
+        held = (cache.seq_len(0), cache.cross_len(0), cache.cross_len(1), cache.nbytes())
+        if held != (0, 5, 0, 2 * 2 * 5 * 4 * 8):
+            c.fail(f"after the refused {what}, (seq_len(0), cross_len(0), cross_len(1), nbytes()) = {held} instead "
+                   f"of {(0, 5, 0, 2 * 2 * 5 * 4 * 8)}", ex, ("changed", what))
+    K, _ = cache.update(0, wide[:1], wide[:1].clone())  # batch 1 is the cache's: accepted
+    if tuple(K.shape) != (1, 2, 3, 4):
+        c.fail(f"update(0, k, v) of batch 1 next to a cross part of batch 1 returned K of shape {tuple(K.shape)}, "
+               "expected (1, 2, 3, 4)", ex, ("shape", tuple(K.shape)))
+
+
+def empty_reorder(c, ex) -> None:
+    """reorder of a cache holding nothing (fresh, or after reset): the README leaves it open whether that is a
+    ValueError naming index (no row is in 0 … B-1) or nothing at all; either way the cache stays empty and
+    takes the next request's batch."""
+    cache = c.t.EncoderDecoderKVCache()
+    for when in ("a fresh cache", "a cache after reset()"):
+        what = f"reorder(tensor([0])) of {when}"
+        try:
+            cache.reorder(torch.tensor([0], device=c.device))
+        except ValueError as exc:
+            if not value_error_names(exc, ("index",)):
+                c.fail(f"{what} raised ValueError({str(exc)!r}); a refusal should name index", ex, ("unnamed", what))
+        held = (cache.seq_len(), cache.cross_len(), cache.cross(0), cache.nbytes())
+        if held != (0, 0, None, 0):
+            c.fail(f"after {what}, (seq_len(), cross_len(), cross(0), nbytes()) = {held}; expected (0, 0, None, 0)",
+                   ex, ("not empty", when))
+        k = randn(ex["seed"], 2, 1, 2, 4, device=c.device)  # batch 2
+        K, _ = cache.update(0, k, k.clone())
+        if tuple(K.shape) != (2, 1, 2, 4):
+            c.fail(f"after {what}, update(0, k, v) of batch 2 returned K of shape {tuple(K.shape)}, expected "
+                   "(2, 1, 2, 4)", ex, ("shape", when))
+        cache.reset()

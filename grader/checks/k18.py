@@ -49,6 +49,11 @@ def flops_pinned(ctx):
          "Llama-3-8B, 64 decodes after 4,096 cached tokens each: 64 times one"),
         (_flops(k.LLAMA2_7B, 1, 1, 0), 2 * (32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 4096 * 32000 + 32 * 32 * 2 * 128),
          "Llama-2-7B, one decode step: no num_key_value_heads, so k and v are 4096 x 4096 like q and o"),
+        (_flops(k.GEMMA2_9B, 1, 1, 0), 2 * (k.G2_MATRICES + 42 * 16 * 2 * 256),
+         "Gemma-2-9B, one decode step: head_dim 256 given, so q is 3584 x 4096, not 3584 x 3584 (hidden_size "
+         "// heads = 224 is not its head width)"),
+        (_flops({**k.LLAMA3_8B, "text_config": None}, 1, 1, 0), L3_DECODE,
+         "Llama-3-8B with \"text_config\": null (null means not set): the top level is the language model"),
     ])
 
 
@@ -63,6 +68,11 @@ def _bytes(config, batch, new_tokens, past_len, weight=None, kv=None):
 
 
 L3_WEIGHTS = 2 * k.L3_MATRICES  # 15,009,316,864 bytes in bf16
+_VISION = {"model_type": "llava", "hidden_size": 1024, "num_attention_heads": 16, "num_hidden_layers": 24,
+           "intermediate_size": 4096, "vocab_size": 32064}  # a vision tower's sizes at the top level
+LLAVA_TOP_FLOAT32 = {**_VISION, "torch_dtype": "float32", "text_config": k.LLAMA2_7B}
+LLAVA_TOP_ONLY = {**_VISION, "torch_dtype": "float16",
+                  "text_config": {key: v for key, v in k.LLAMA2_7B.items() if key != "torch_dtype"}}
 
 
 @CHECKS.add("forward_bytes gives the worked numbers", uses="forward_bytes")
@@ -86,6 +96,13 @@ def bytes_pinned(ctx):
          "weight_bytes_per_elem=4 given: the cache follows the weights' 4 bytes"),
         (_bytes(k.LLAMA2_7B, 1, 1, 0), 2 * (32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 32000 * 4096) + 2 * 32 * 32 * 128 * 2,
          "Llama-2-7B in float16: 32 KV heads, so 512 KiB per token"),
+        (_bytes(k.GEMMA2_9B, 1, 1, 0), 2 * k.G2_MATRICES + 2 * 42 * 8 * 256 * 2,
+         "Gemma-2-9B in bfloat16 (under \"dtype\"): head_dim 256, so 86,016 bytes of K and V per token"),
+        (_bytes(LLAVA_TOP_FLOAT32, 1, 1, 0), 2 * (32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 32000 * 4096)
+         + 2 * 32 * 32 * 128 * 2, "a multimodal config: float16 inside text_config, float32 at the top level; the "
+                                  "text model's own dtype comes first, so 2 bytes per number"),
+        (_bytes(LLAVA_TOP_ONLY, 1, 1, 0), 2 * (32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 32000 * 4096)
+         + 2 * 32 * 32 * 128 * 2, "a multimodal config whose dtype (float16) is at the top level only"),
     ])
 
 

@@ -23,6 +23,13 @@ TINY = {  # kata 08's tiny Llama: 2 layers, width 32, 4 query heads and 2 KV hea
     "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
     "num_hidden_layers": 2, "vocab_size": 48, "torch_dtype": "float32",
 }
+GEMMA2_9B = {  # head_dim 256, not hidden_size // heads = 224; newer files say "dtype"
+    "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 42, "vocab_size": 256000, "dtype": "bfloat16",
+}
+# Gemma-2-9B by hand: q and o 3584 x 4096 each, k and v 3584 x 2048 each, the MLP 3 x 3584 x 14336.
+G2_LAYER = 2 * 3584 * 4096 + 2 * 3584 * 2048 + 3 * 3584 * 14336
+G2_MATRICES = 42 * G2_LAYER + 256000 * 3584
 # Llama-3-8B by hand. Matrix numbers of one layer: q and o 4096 x 4096 each, k and v 4096 x 1024 each,
 # gate, up and down 4096 x 14336 each: 33,554,432 + 8,388,608 + 176,160,768 = 218,103,808.
 L3_LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
@@ -145,11 +152,19 @@ def llama_configs(draw, big: bool = False):
     lm["hidden_size"] = heads * width
     if draw(st.booleans()):  # an explicit head_dim, free to differ from hidden_size // heads
         lm["head_dim"] = draw(st.sampled_from(WIDTHS + [None]))
-    lm[draw(st.sampled_from(["torch_dtype", "dtype"]))] = draw(st.sampled_from(sorted(DTYPE_BYTES)))
-    if draw(st.booleans()):
-        return {"model_type": "llava", "hidden_size": 1024, "num_attention_heads": 16, "num_hidden_layers": 24,
-                "intermediate_size": 4096, "vocab_size": 32064, "text_config": lm}
-    return lm
+    dtype_key, dtype = draw(st.sampled_from(["torch_dtype", "dtype"])), draw(st.sampled_from(sorted(DTYPE_BYTES)))
+    if not draw(st.booleans()):
+        lm[dtype_key] = dtype
+        return lm
+    # Multimodal: a vision tower's sizes at the top; the dtype inside, at the top, or both (the top's
+    # another one, which the text model's overrides: the README reads the text model's first).
+    top = {"model_type": "llava", "hidden_size": 1024, "num_attention_heads": 16, "num_hidden_layers": 24,
+           "intermediate_size": 4096, "vocab_size": 32064, "text_config": lm}
+    where = draw(st.sampled_from(["text", "top", "both"]))
+    (top if where == "top" else lm)[dtype_key] = dtype
+    if where == "both":
+        top[draw(st.sampled_from(["torch_dtype", "dtype"]))] = draw(st.sampled_from(sorted(DTYPE_BYTES)))
+    return top
 
 
 @st.composite

@@ -57,6 +57,9 @@ def config_fields(ctx) -> None:
            ("text_config given as a list", {**k.LLAMA3_8B, "text_config": [k.LLAMA3_8B]}, ("text_config", "config"))]
     for field in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
         bad.append((f"no {field}", _without(k.LLAMA3_8B, field), (field,)))
+        # The top level's numbers may be a vision tower's: a field missing from text_config is missing.
+        bad.append((f"no {field} in text_config (the top level has one)",
+                    {**k.LLAMA3_8B, "text_config": _without(k.LLAMA3_8B, field)}, (field,)))
     for field, value in (("num_hidden_layers", 0), ("num_key_value_heads", -8), ("num_key_value_heads", 0),
                          ("head_dim", 0), ("head_dim", 2.5),
                          ("intermediate_size", "14336"), ("vocab_size", 0), ("hidden_size", True)):
@@ -72,8 +75,9 @@ def dtype_needed(ctx) -> None:
              ("an unknown dtype name", {**k.LLAMA3_8B, "torch_dtype": "not-a-dtype"})]
     for name in ("forward_bytes", "arithmetic_intensity", "roofline_time", "decode_crossover_batch"):
         good = GOOD[name][0]
-        _rejects(ctx, name, [(what, {**good, "config": config, "weight_bytes_per_elem": None}, ("dtype",))
-                             for what, config in cases])
+        _rejects(ctx, name, [(what, {**good, "config": config, "weight_bytes_per_elem": None},
+                              ("dtype", "torch_dtype"))
+                             for what, config in cases])  # either key names the field
 
 
 def leaves_config_unchanged(ctx) -> None:

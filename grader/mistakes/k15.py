@@ -113,4 +113,12 @@ MISTAKES = [
         hint="Which values of max_seqlen_q are valid: those below the true maximum, or those below it and equal to it?",
         edits=(("        if given < need:\n", "        if given <= need:\n"),),
     ),
+    Mistake(
+        name="greedy pick in float32",
+        why="the last logits are cast to float32 before argmax; two float64 logits closer than float32's "
+            "resolution become one value and the tie goes to the lower id, while the README picks in the model's "
+            "dtype.",
+        hint="What is 1 + 1e-8 in float32? Take the argmax of the logits in the dtype the model gave them.",
+        edits=(("zip(live, last.argmax(dim=-1).tolist())", "zip(live, last.float().argmax(dim=-1).tolist())"),),
+    ),
 ]

@@ -100,4 +100,39 @@ MISTAKES = [
         hint="Which fields of the header must match the decode model before you receive anything else?",
         edits=(('    if h["dtype"] != model.dtype:\n        raise', '    if False:\n        raise'),),
     ),
+    Mistake(
+        name="greedy pick in float32",
+        why="the logits are cast to float32 before argmax; two float64 logits closer than float32's resolution "
+            "become one value and the tie goes to the lower id, while the README picks in the model's dtype.",
+        hint="What is 1 + 1e-8 in float32? Take the argmax of the logits as the model gave them.",
+        edits=(("    first = int(logits[0, -1].argmax())\n", "    first = int(logits[0, -1].float().argmax())\n"),
+               ("        out.append(int(logits[0, -1].argmax()))\n",
+                "        out.append(int(logits[0, -1].float().argmax()))\n")),
+    ),
+    Mistake(
+        name="EOS id 0 taken for no EOS",
+        why="the EOS is tested by truth (`if eos_token_id`), so an EOS whose id is 0 never stops the decode; the "
+            "README stops after an EOS of any id, 0 included.",
+        hint="What is bool(0)? Test the EOS against None, not by its truth.",
+        edits=(("while len(out) < max_new_tokens and out[-1] != eos_token_id:",
+                "while len(out) < max_new_tokens and (not eos_token_id or out[-1] != eos_token_id):"),),
+    ),
+    Mistake(
+        name="head width as hidden_size // heads",
+        why="the head width is taken as hidden_size // num_attention_heads instead of the config's head_dim; "
+            "models whose head_dim is set apart (Gemma, Qwen3) announce and expect the wrong size.",
+        hint="Does every model have head_dim == hidden_size // num_attention_heads? Which field does the README "
+             "name?",
+        edits=(("head_dim=cfg.head_dim, dtype=model.dtype)",
+                "head_dim=cfg.hidden_size // cfg.num_attention_heads, dtype=model.dtype)"),
+               ('"head_dim": cfg.head_dim}', '"head_dim": cfg.hidden_size // cfg.num_attention_heads}')),
+    ),
+    Mistake(
+        name="header read from its storage",
+        why="decode_header reads the header's storage from its start instead of its values, so a header that is "
+            "a slice of a longer buffer or a strided view reads other numbers.",
+        hint="Where does a view's first element live in its storage? Read the tensor's values (tolist()).",
+        edits=(("    values = header.tolist()\n",
+                "    values = torch.frombuffer(bytearray(header.untyped_storage()), dtype=torch.int64)[:8].tolist()\n"),),
+    ),
 ]

@@ -129,4 +129,23 @@ MISTAKES = [
         hint="Which token ids are false in Python? Test `is not None`.",
         edits=(("        if eos_token_id is not None:\n", "        if eos_token_id:\n"),),
     ),
+    Mistake(
+        name="reset keeps the rows",
+        why="reset() empties every part to zero tokens but keeps each layer's tensors of the old batch, as crop(0) "
+            "would; the next request, in another batch, is refused as if the old one were still there.",
+        hint="After reset(), what does the cache still know about the request before? Should it know anything?",
+        edits=(("        self._self.clear()\n        self._cross.clear()\n",
+                "        self._self = {layer: (K[:, :, :0], V[:, :, :0]) for layer, (K, V) in self._self.items()}\n"
+                "        self._cross.clear()\n"),),
+    ),
+    Mistake(
+        name="the batch read from the self part only",
+        why="a cache that holds only cross parts has a batch too (the encoder's rows); a k of another batch is "
+            "then taken by update, and the two parts disagree on how many rows there are.",
+        hint="The README refuses a k whose batch differs from the batch the cache holds, in either part. Which "
+             "parts does your check look at?",
+        edits=(("        batch = self._batch()\n        if batch is not None and k.shape[0] != batch:",
+                "        batch = next((K.shape[0] for K, _ in self._self.values()), None)\n"
+                "        if batch is not None and k.shape[0] != batch:"),),
+    ),
 ]

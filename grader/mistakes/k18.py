@@ -90,4 +90,11 @@ MISTAKES = [
         hint="If 296.4 sequences would reach the ridge, is 296 enough?",
         edits=(("    return math.ceil(weights * peak / gain)", "    return math.floor(weights * peak / gain)"),),
     ),
+    Mistake(
+        name="the dtype read from the top level first",
+        why="a multimodal config can write one dtype at the top level and the language model's own inside "
+            "text_config; reading the top level first takes the wrapper's (or the vision tower's) bytes per number.",
+        hint="Whose weights are you counting, and which dtype in the file belongs to them?",
+        edits=(("    for source in (text, config):\n", "    for source in (config, text):\n"),),
+    ),
 ]

@@ -16,16 +16,22 @@ derived from the computation (grader.engine.precision): ill-conditioned cases wi
 they widen the reference's own error, well-conditioned ones keep the dtype's floor.
 
 A body draws its tensors with :func:`tensor`, which honours the case's dtype, layout and scale.
+
+For greedy choices, :func:`near_tie` gives a float64 model whose every greedy pick beats the next lower
+id by ``NEAR_TIE``: more than the checks' tie tolerance (1e-9), less than float32's resolution at 1, so
+a loop that casts float64 logits to float32 before its argmax picks the lower id and fails.
 """
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from grader.checks.support.common import randn
 
 AXES = ("large", "half", "strided", "magnitude")
 HALF = (torch.bfloat16, torch.float16)
 MAGNITUDE = 100.0
+NEAR_TIE = 1e-8  # distinct in float64; 1 + 1e-8 rounds to 1 in float32
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -76,3 +82,28 @@ def run(ctx, base: dict, axes: tuple[str, ...], body, large: dict | None = None)
     """Run ``body(ctx, example)`` once on each envelope case of ``base``."""
     for _, example in cases(base, axes, large):
         ctx.case(example, body)
+
+
+class NearTieHead(nn.Module):
+    """Wraps an LM head: each row's logits shifted so its best is 1 + NEAR_TIE and the next lower id's
+    exactly 1 (a best id 0 moves to id 1, so a lower id always exists); every other logit stays below."""
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        self.head = head
+
+    @property
+    def weight(self) -> torch.Tensor:  # the model reads its device and dtype here
+        return self.head.weight
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.head(h)  # (B, T, V)
+        best = logits.argmax(-1, keepdim=True).clamp(min=1)  # (B, T, 1)
+        out = logits - logits.amax(-1, keepdim=True) + 1.0  # the best at 1, the rest below
+        return out.scatter(-1, best - 1, 1.0).scatter(-1, best, 1.0 + NEAR_TIE)  # (B, T, V)
+
+
+def near_tie(model: nn.Module) -> nn.Module:
+    """``model`` (a float64 ``grader.nn.Llama``) with its ``lm_head`` wrapped in :class:`NearTieHead`."""
+    model.lm_head = NearTieHead(model.lm_head)
+    return model
