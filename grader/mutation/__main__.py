@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         progress.done()
         results.append(summary.figures(kata_id, outcomes, listed, complete=args.only is None))
         records[kata_id] = summary.record(results[-1], decided_by)
+        if args.only is None:  # saved as each kata ends: a long run stopped half-way keeps what it proved
+            proof.save({kata_id: records[kata_id]}, args.proofs)
     print(summary.render(records, listed), end="")
-    if args.only is None:
-        proof.save(records, args.proofs)
     if args.report:
         _write_report(args.report, proof.load(args.proofs) if args.only is None else records, listed, args.only)
     return 0 if all(not (f.surviving or f.stale or f.gone) for f in results) else 1
