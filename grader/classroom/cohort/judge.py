@@ -33,8 +33,9 @@ def _strings(value) -> set[str]:
 
 
 def _read(path):
-    """A record, None when absent, or {"unreadable": why} when it is not plain data."""
-    if not path.exists():
+    """A record, None when absent or empty (the worker never wrote it), or {"unreadable": why} when it is
+    not plain data."""
+    if not path.exists() or path.stat().st_size == 0:
         return None
     try:
         data = plain.load(path)

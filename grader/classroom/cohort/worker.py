@@ -3,7 +3,10 @@
 ``python -m grader.classroom.cohort.worker SPEC.json`` — started by grader.classroom.cohort.sandbox, never by hand. It
 
 1. limits the size of any file it writes, and core dumps;
-2. imports torch, the kata's checks and the reference, and warms the device up;
+2. imports torch, the kata's checks and the reference; then raises the kernel's walls where the
+   grader found them (grader.classroom.cohort.confine: from here on it can read nothing of the
+   repository but the grader's code, write nothing but its records and scratch folder, reach no
+   network, process or file of anyone else), and warms the device up;
 3. takes a snapshot of the grader's, torch's and the builtins' functions, and installs an audit
    hook (which cannot be removed): it writes only inside its sandbox, never reads solutions/, the
    mistake catalogue or other submissions, starts no process, signals no other process, uses no
@@ -31,6 +34,8 @@ import sys
 import time
 import types
 from pathlib import Path
+
+from grader.classroom.cohort import confine
 
 FORBIDDEN = {
     "subprocess.Popen": "started a process", "os.system": "started a process", "os.exec": "started a process",
@@ -210,13 +215,14 @@ class Guard:
         return sorted(set(self.found + changed(self.entries)))
 
     def save(self, path: Path, data: dict) -> None:
-        """Write a record (plain data) with what was found so far; only this may write records."""
-        from grader.engine import plain
+        """Write a record (plain data) with what was found so far; only this may write records. In
+        place: the record files exist beforehand, and the kernel's walls let the worker write those only."""
+        import torch
 
         data["tamper"] = self.report()
         self.saving = True
         try:
-            plain.save(path, data)
+            torch.save(data, path)
         finally:
             self.saving = False
 
@@ -281,6 +287,7 @@ def grade(spec: dict) -> int:
     device = torch.device(spec["device"])
     reference = hidden_reference(kata)
     kata_checks = list(checks.for_kata(kata.id).all)
+    confine.confine(spec)
     warm_up(device)
     guard = Guard(spec)
     out, label = Path(spec["out"]), spec["label"]
