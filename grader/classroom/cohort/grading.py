@@ -14,7 +14,7 @@ from grader.classroom.cohort import sandbox as cohort
 from grader.classroom.handouts import katas_for
 from grader.errors import UsageError
 
-CSV_COLUMNS = ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds"]
+CSV_COLUMNS = ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds", "isolation"]
 
 
 def _names(roots: list[Path]) -> list[str]:
@@ -63,6 +63,8 @@ def write_json(rows: list[dict], path: Path, settings: cohort.Settings) -> None:
 def write_junit(rows: list[dict], path: Path) -> None:
     """JUnit XML: a test suite per submission, a test case per kata × check."""
     suites = ET.Element("testsuites", name="kvkata")
+    for isolation in dict.fromkeys(r.get("isolation", "") for r in rows):
+        ET.SubElement(ET.SubElement(suites, "properties"), "property", name="isolation", value=isolation)
     for submission in dict.fromkeys(r["submission"] for r in rows):
         mine = [r for r in rows if r["submission"] == submission]
         cases = [(r, c) for r in mine for c in r["checks"]]

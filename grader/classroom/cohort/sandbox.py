@@ -129,7 +129,7 @@ def records(kata: manifest.Kata, out: Path) -> None:
     from grader import checks
 
     names = ["ready.pt", "load.pt", "done.pt"] + [f"check-{i:03d}.pt" for i in range(len(checks.for_kata(kata.id).all))]
-    for name in names:
+    for name in names + ["tamper.txt"]:
         (out / name).touch()
 
 

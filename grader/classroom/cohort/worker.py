@@ -140,6 +140,23 @@ def changed(groups, vars=vars, all=all, map=map, zip=zip, is_=operator.is_,
     return found
 
 
+def code_snapshot(groups) -> tuple[list, list, list]:
+    """(functions, their code, their defaults) of every function in the snapshot: swapping a function's
+    ``__code__`` or defaults leaves its identity, so the snapshot alone would not see it."""
+    functions = [v for _, _, _, values, _ in groups for v in values if isinstance(v, types.FunctionType)]
+    functions = list({id(f): f for f in functions}.values())
+    return functions, [f.__code__ for f in functions], [(f.__defaults__, f.__kwdefaults__) for f in functions]
+
+
+def code_changed(saved, is_=operator.is_, code=operator.attrgetter("__code__"), map=map, all=all) -> list[str]:
+    functions, codes, defaults = saved
+    if all(map(is_, map(code, functions), codes)) and \
+            all(f.__defaults__ is d[0] and f.__kwdefaults__ is d[1] for f, d in zip(functions, defaults)):
+        return []
+    return [f"replaced the code of {f.__module__}.{f.__qualname__}" for f, c, d in zip(functions, codes, defaults)
+            if f.__code__ is not c or f.__defaults__ is not d[0] or f.__kwdefaults__ is not d[1]]
+
+
 # -- the audit hook -------------------------------------------------------------------------
 def _on_stack(filename: str, getframe=sys._getframe):
     """A test: is code from ``filename`` anywhere on the calling stack?"""
@@ -176,7 +193,7 @@ def audit_hook(spec: dict, guard: "Guard"):
 
     def refuse(why: str, tamper: bool):
         if tamper:
-            guard.found.append(why)
+            guard.caught(why)
         raise PermissionError(f"kvkata grading: not allowed here: {why}")
 
     def write(path):
@@ -209,10 +226,20 @@ class Guard:
         self.found: list[str] = []
         self.saving = False
         self.entries = snapshot()
+        self.codes = code_snapshot(self.entries)
+        # what it caught is also written at once, so an exit right after a refusal still shows it
+        self.log = os.open(os.path.join(spec["out"], "tamper.txt"), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         sys.addaudithook(audit_hook(spec, self))
 
+    def caught(self, why: str) -> None:
+        self.found.append(why)
+        try:
+            os.write(self.log, (why.replace("\n", " ") + "\n").encode("utf-8", errors="replace"))
+        except OSError:
+            pass
+
     def report(self) -> list[str]:
-        return sorted(set(self.found + changed(self.entries)))
+        return sorted(set(self.found + changed(self.entries) + code_changed(self.codes)))
 
     def save(self, path: Path, data: dict) -> None:
         """Write a record (plain data) with what was found so far; only this may write records. In
