@@ -19,6 +19,7 @@ import torch
 from conftest import K01, KATAS, copy_repo, kvkata, slow, usage_error
 from grader import checks, grade, manifest, mistakes
 from grader.engine import plain, run_check, targets
+from grader.classroom.cohort import sandbox
 from grader.classroom.cohort.record import RecordingCtx
 from grader.classroom.cohort.replay import NO_RECORD, ReplayCtx
 
@@ -139,7 +140,7 @@ def test_grade_gives_every_submission_an_honest_row(graded):
     total = str(len(checks.for_kata("01").all))
     expect = {"flood": "pass", "untouched": "not-started", "empty": "not-started", "mistake": "fail",
               "sysexit": "crash", "exits": "crash", "hang": "timeout", "memory": "fail", "tamperer": "tampered",
-              "copier": "crash", "liar": "fail"}
+              "copier": "tampered", "liar": "fail"}  # a refused read is tampering, even when the import then crashed
     assert {name: row["status"] for name, row in rows.items()} == expect
     assert all(row["kata"] == "01" and row["total"] == total for row in rows.values())
     assert rows["flood"]["passed"] == total and "printed" in rows["flood"]["note"]
@@ -149,7 +150,9 @@ def test_grade_gives_every_submission_an_honest_row(graded):
     assert "solutions" in rows["copier"]["note"] and "SystemExit" in rows["sysexit"]["note"]
     assert "code 3" in rows["exits"]["note"]
     assert int(rows["liar"]["passed"]) < int(total)
-    assert list(rows["flood"]) == ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds"]
+    assert list(rows["flood"]) == ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds",
+                                   "isolation"]
+    assert {row["isolation"] for row in rows.values()} == {sandbox.walls()["isolation"]}
     progress = [line for line in ran.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == len(rows)
     assert "checks failed" in ran.stdout and MISTAKE.name in ran.stdout

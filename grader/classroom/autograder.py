@@ -215,6 +215,8 @@ def grade_submission(root: Path) -> dict:
                          + ", ".join(f"katas/{k.id}/{k.file}" for k in katas))
         rows = cohort.grade_all(jobs, cohort.Settings(timeout=settings["timeout"], memory_mb=settings["memory_mb"],
                                                       jobs=min(2, os.cpu_count() or 1)))
+    walls = cohort.walls()
+    notes.append(f"isolation: {walls['isolation']}" + (f" (without {walls['missing']})" if walls["missing"] else ""))
     return results_json(rows, settings, time.monotonic() - started, notes)
 
 

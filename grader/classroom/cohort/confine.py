@@ -80,13 +80,15 @@ def readable(spec: dict) -> list[str]:
 
 
 def excluded(spec: dict) -> list[str]:
-    """Never granted, whatever holds it: the repository (but the grader package), its solutions and
-    mistakes wherever a copy is installed, the sandboxes, the submissions and the reports."""
-    found = [spec["repo"], os.path.join(spec["package"], "mistakes"), spec["workdir"], *spec["roots"],
-             *spec.get("reports", [])]
+    """Never granted, whatever holds it: the repository (but the grader package), the hidden checks (the
+    warm server imported them), the solutions and mistakes wherever a copy is installed, the sandboxes,
+    the submissions and the reports."""
+    found = [spec["repo"], os.path.join(spec["package"], "mistakes"), os.path.join(spec["package"], "checks"),
+             spec["workdir"], *spec["roots"], *spec.get("reports", [])]
     for entry in sys.path:
         if entry and os.path.isdir(entry):
-            found += [os.path.join(entry, "grader", "mistakes"), os.path.join(entry, "solutions")]
+            found += [os.path.join(entry, "grader", sub) for sub in ("mistakes", "checks")]
+            found.append(os.path.join(entry, "solutions"))
     return [os.path.realpath(p) for p in found]
 
 

@@ -204,6 +204,7 @@ def _forked_worker(worker: str, spec_path: str, output, environment: dict) -> No
     output.close()
     os.environ.clear()
     os.environ.update(environment)
+    tempfile.tempdir = None  # the server's was found before TMPDIR pointed into this sandbox
     os.chdir(Path(spec_path).parent)
     importlib.import_module(worker).forked(spec_path)
 
@@ -215,7 +216,8 @@ def start_server(katas: list[manifest.Kata]) -> None:
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [WORKER, "grader.classroom.cohort.record", *[f"grader.checks.k{k.id}" for k in katas], "grader.classroom.cohort.server"])
+        [WORKER, "grader.classroom.cohort.record", *[f"grader.checks.k{k.id}" for k in katas], "grader.paged",
+         "grader.classroom.cohort.server"])
     fixed = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     clean = {k: v for k, v in _environment(Path(tempfile.gettempdir())).items() if k not in ("HOME", "TMPDIR")}
     with _only_environ({**clean, **fixed}):
