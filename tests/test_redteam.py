@@ -154,11 +154,17 @@ def test_the_controls_score_what_they_deserve(cohort):
     assert cohort["classmate"].read_text() == REFERENCE
 
 
-def test_what_the_kernel_refused_is_shown_as_tampering(cohort):
+def test_what_was_refused_is_shown(cohort):
+    """Refused by the audit hook (Python-level): the row is 'tampered' and says what was tried; refused by the
+    kernel alone (C-level), the row shows the error the submission got."""
     rows = cohort["rows"]
-    for name in ("torch_save_poison", "poison_grader_code", "report_written_now", "sqlite_outside"):
-        assert rows[name]["status"] == "tampered" or "ermission denied" in json.dumps(rows[name]), rows[name]["note"]
+    for name in ("poison_grader_code", "report_written_now", "mmap_reference", "zipfile_reference",
+                 "subprocess_shell", "fork_child", "kill_grader", "monkeypatch_torch", "ctypes_reference"):
+        assert rows[name]["status"] == "tampered", (name, rows[name]["note"])
     assert rows["code_swap"]["status"] == "tampered" and "replaced the code" in rows["code_swap"]["note"]
+    for name in ("from_file_reference", "from_file_shared_poison", "hidden_checks_shown", "torch_save_poison",
+                 "classmate_copy", "torch_load_canary", "proc_mem_parent"):
+        assert "Permission denied" in rows[name]["note"] or "tampered" == rows[name]["status"], (name, rows[name]["note"])
 
 
 def test_nothing_outside_a_sandbox_changed(cohort):
@@ -188,7 +194,7 @@ def test_no_network_was_reached(cohort):
 
 def test_no_process_is_left(cohort):
     assert _ours(str(cohort["repo"])) == []
-    assert all("left" not in row["note"] or "killed" in row["note"] for row in cohort["rows"].values())
+    assert all("process(es) running" not in row["note"] or "killed" in row["note"] for row in cohort["rows"].values())
 
 
 def test_the_cohort_takes_well_under_a_minute_of_grading(cohort):
@@ -223,7 +229,7 @@ def gradescope(tmp_path_factory):
 
 def test_on_gradescope_the_attack_scores_nothing_and_changes_nothing(gradescope):
     results, root = gradescope["results"], gradescope["root"]
-    assert results["score"] == 0.0 and len(results["tests"]) == len(checks.for_kata("01").all)
+    assert results["score"] == 0.0 and len(results["tests"]) >= len(checks.for_kata("01").all)
     assert _digest(root / "source") == gradescope["before"]
     assert "isolation: kernel" in results["output"]
     assert SECRET not in json.dumps(results) + gradescope["ran"].stdout

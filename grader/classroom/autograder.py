@@ -79,6 +79,8 @@ root="${KVKATA_AUTOGRADER_ROOT:-/autograder}"
 RUN_AUTOGRADER = """\
 #!/usr/bin/env bash
 # Gradescope runs this for every submission. It always leaves results/results.json behind.
+# One block, read whole before it runs: bash reads a script as it goes, and a changed file changes nothing.
+{
 root="${KVKATA_AUTOGRADER_ROOT:-/autograder}"
 python="$root/venv/bin/python"
 [ -x "$python" ] || python=python3
@@ -87,6 +89,8 @@ if [ ! -s "$root/results/results.json" ]; then
   mkdir -p "$root/results"
   printf '%s\\n' '{"score": 0, "output": "The autograder itself could not run, so nothing was graded (not your fault): please tell your instructor.", "tests": []}' > "$root/results/results.json"
 fi
+exit 0
+}
 """
 
 

@@ -112,7 +112,9 @@ def namespaces(spec: dict) -> None:
     kernel.own_user_namespace()
     if spec.get("peers"):
         kernel.loopback_up()
-    kernel.mount_tmpfs(os.path.join(spec["sandbox"], "tmp"), int(spec.get("disk_mb") or 64) * 2**20)
+    scratch = os.path.join(spec["sandbox"], "tmp")
+    kernel.mount_tmpfs(scratch, int(spec.get("disk_mb") or 64) * 2**20)
+    os.chdir(scratch)  # the working folder is the tmpfs (the folder beneath it is no longer writable)
     for folder in spec.get("hide", []):
         if os.path.isdir(folder):
             kernel.mount_tmpfs(folder, 4096)

@@ -86,6 +86,7 @@ def grade(paths: list[str], settings: cohort.Settings, level: int | None = None,
     if progress:
         progress(f"grading {len(jobs)} submission × kata pair(s), {settings.jobs} at a time, "
                  f"{settings.timeout:g} s each at most")
+    settings.reports = [str(Path(p).resolve()) for p in (csv_path, json_path, junit_path) if p]  # out of reach
     rows = cohort.grade_all(jobs, settings, progress)
     for path, write in ((csv_path, write_csv), (junit_path, write_junit)):
         if path:

@@ -154,7 +154,7 @@ def _spec(job: Job, sandbox: Path, workdir: Path, roots: list[Path], settings: S
             "out": str(sandbox / "out"), "sandbox": str(sandbox), "device": settings.device, "seed": settings.seed,
             "timeout": settings.timeout, "check_timeout": check_limit(settings), "memory_mb": settings.memory_mb,
             "file_mb": settings.file_mb, "threads": 1,
-            "guarded": [str(root), str(manifest.PACKAGE_DIR), str(workdir)] + [str(r) for r in roots],
+            "guarded": [str(root), str(manifest.PACKAGE_DIR), str(workdir)] + [str(r) for r in roots] + settings.reports,
             "secret": [str(root / "solutions"), str(manifest.PACKAGE_DIR / "mistakes"), str(workdir)] + [str(r) for r in roots]}
 
 
