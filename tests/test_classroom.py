@@ -397,3 +397,42 @@ def test_an_exact_fraction_crosses_as_itself(tmp_path):
     assert plain.is_data(value)
     plain.save(tmp_path / "f.pt", value)
     assert plain.load(tmp_path / "f.pt") == value
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can become another user")
+def test_a_worker_run_by_root_becomes_a_user_who_owns_nothing(tmp_path):
+    from grader.classroom.cohort import confine
+
+    secret = tmp_path / "root-only"
+    secret.write_text("instructor's")
+    secret.chmod(0o600)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            confine.drop(confine.UNPRIVILEGED)
+            try:
+                secret.read_text()
+            except PermissionError:
+                code = 0 if os.getuid() == confine.UNPRIVILEGED and os.getgroups() == [] else 2
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_a_worker_is_dropped_only_where_it_can_still_read_what_it_runs(tmp_path):
+    from grader.classroom.cohort import confine
+
+    (tmp_path / "open" / "lib").mkdir(parents=True)
+    (tmp_path / "open" / "lib" / "module.py").write_text("")
+    (tmp_path / "closed" / "lib").mkdir(parents=True)
+    (tmp_path / "closed" / "lib" / "module.py").write_text("")
+    for folder in (tmp_path, tmp_path / "open", tmp_path / "open" / "lib", tmp_path / "closed" / "lib"):
+        folder.chmod(0o755)
+    (tmp_path / "closed").chmod(0o700)
+    (tmp_path / "open" / "lib" / "module.py").chmod(0o644)
+    reachable = all(os.stat(p).st_mode & 0o001 for p in tmp_path.parents)
+    assert confine.reachable_by_others(str(tmp_path / "open" / "lib" / "module.py")) == reachable
+    assert not confine.reachable_by_others(str(tmp_path / "closed" / "lib" / "module.py"))
+    (tmp_path / "open" / "lib" / "module.py").chmod(0o600)
+    assert not confine.reachable_by_others(str(tmp_path / "open" / "lib" / "module.py"))

@@ -224,10 +224,28 @@ def grade_submission(root: Path) -> dict:
     return results_json(rows, settings, time.monotonic() - started, notes)
 
 
+def close_to_workers(root: Path) -> None:
+    """Run as root (as on Gradescope), workers become users who own nothing (grader.classroom.cohort.confine):
+    the results, the references, the mistakes and the hidden checks are root's alone, and so is this script."""
+    if os.geteuid() != 0:
+        return
+    (root / "results").mkdir(parents=True, exist_ok=True)
+    for folder in (root / "results", root / "source" / "solutions", root / "source" / "grader" / "mistakes",
+                   root / "source" / "grader" / "checks"):
+        if folder.is_dir():
+            os.chown(folder, 0, 0)
+            os.chmod(folder, 0o700)
+    script = root / "source" / "run_autograder"
+    if script.is_file():
+        os.chown(script, 0, 0)
+        os.chmod(script, 0o755)
+
+
 def run(root: Path) -> int:
     """Grade ``root/submission`` into ``root/results/results.json``, which is written whatever happens."""
     out = root / "results" / "results.json"
     try:
+        close_to_workers(root)
         data = grade_submission(root)
     except BaseException as exc:  # never leave Gradescope without a results file
         traceback.print_exc()

@@ -120,6 +120,36 @@ def namespaces(spec: dict) -> None:
             kernel.mount_tmpfs(folder, 4096)
 
 
+UNPRIVILEGED = 61000  # a worker run by root becomes this uid plus its index: no file of anyone, none of another worker's
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether a user who owns nothing may read ``path``: every folder above it searchable by others, and
+    the path itself readable (and searchable, for a folder) by them."""
+    path = os.path.realpath(path)
+    try:
+        parts = Path(path).parents
+        if any(not os.stat(folder).st_mode & 0o001 for folder in parts):
+            return False
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return bool(mode & 0o004) and (not os.path.isdir(path) or bool(mode & 0o001))
+
+
+def can_drop(package: str) -> bool:
+    """Whether a worker of root's may become an unprivileged user and still read what it runs."""
+    needed = [sys.executable, sys.prefix, sys.base_prefix, package] + [p for p in sys.path if "site-packages" in p]
+    return os.geteuid() == 0 and all(reachable_by_others(p) for p in needed if p and os.path.exists(p))
+
+
+def drop(uid: int) -> None:
+    """Become ``uid`` (group too, no supplementary group): run as root, the worker keeps no privilege."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
 def threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -135,6 +165,9 @@ def confine(spec: dict) -> list[str]:
         raise NotConfined(f"the worker has {threads()} threads before its confinement; it needs one")
     raised = []
     try:
+        if spec.get("uid") is not None and os.geteuid() == 0:
+            drop(int(spec["uid"]))
+            raised.append(f"uid {spec['uid']}")
         if spec.get("namespaces"):
             namespaces(spec)
             raised.append("namespaces")
