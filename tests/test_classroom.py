@@ -251,9 +251,9 @@ def _grade_one(tmp_path, source: str, **settings) -> dict:
 
 
 def test_a_grader_that_cannot_start_is_never_charged_to_the_student(tmp_path, monkeypatch):
-    from grader.classroom.cohort import sandbox as cohort
+    from grader.classroom.cohort import launch
 
-    monkeypatch.setattr(cohort, "WORKER", "grader.no_such_worker")  # as a broken install would fail
+    monkeypatch.setattr(launch, "WORKER", "grader.no_such_worker")  # as a broken install would fail
     row = _grade_one(tmp_path, REFERENCE)
     assert row["status"] == "grader-error" and row["passed"] == 0, row
     assert "could not start" in row["note"] and "no_such_worker" in row["note"], row["note"]

@@ -31,8 +31,9 @@ from pathlib import Path
 
 from grader import manifest
 from grader.classroom.cohort import confine
-from grader.classroom.cohort.launch import (WORKER, Forked, _environment, _namespace, _server_folders, needs_peers,
-                                            start_server, stop_server, sweep, walls)
+from grader.classroom.cohort import launch
+from grader.classroom.cohort.launch import (Forked, _environment, _namespace, _server_folders, needs_peers, start_server,
+                                            stop_server, sweep, walls)
 
 OUTPUT_CAP = 64 * 1024  # bytes of a worker's output kept for the report
 
@@ -150,7 +151,7 @@ def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings:
     if settings.warm:
         proc = Forked(sandbox / "spec.json", _environment(sandbox))
     else:
-        proc = subprocess.Popen([sys.executable, "-m", WORKER, str(sandbox / "spec.json")],
+        proc = subprocess.Popen([sys.executable, "-m", launch.WORKER, str(sandbox / "spec.json")],
                                 cwd=sandbox, env=_environment(sandbox), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     live.add(proc)
