@@ -39,9 +39,11 @@ REFERENCE = (manifest.REPO_ROOT / K01.solution).read_text()
 # what only the reference, the hidden checks or the environment hold; none may reach a report
 LEAKS = [line.strip() for line in REFERENCE.splitlines() if len(line.strip()) > 40 and line not in STUB][:3]
 LEAKS += ['CHECKS = Checks("01")', SECRET]
-# the in-memory reference, which the worker still holds to shrink failing inputs as a local run does
+# what the kernel cannot wall off: the submission shares its process with the grader's recording half
 OPEN = {"frames_reference": "the worker holds the reference to shrink a failing input; its frames reach it",
-        "gc_thread_reference": "the worker holds the reference to shrink a failing input; the heap reaches it"}
+        "gc_thread_reference": "the worker holds the reference to shrink a failing input; the heap reaches it",
+        "forged_records": "the worker writes its own records; where replay cannot call a learner's object, the "
+                          "verdict recorded there stands, so a rewritten record can pass such a check"}
 
 
 def _digest(folder: Path) -> dict[str, str]:
