@@ -112,9 +112,7 @@ def namespaces(spec: dict) -> None:
     kernel.own_user_namespace()
     if spec.get("peers"):
         kernel.loopback_up()
-    scratch = os.path.join(spec["sandbox"], "tmp")
-    kernel.mount_tmpfs(scratch, int(spec.get("disk_mb") or 64) * 2**20)
-    os.chdir(scratch)  # the working folder is the tmpfs (the folder beneath it is no longer writable)
+    kernel.mount_tmpfs(os.path.join(spec["sandbox"], "tmp"), int(spec.get("disk_mb") or 64) * 2**20)
     for folder in spec.get("hide", []):
         if os.path.isdir(folder):
             kernel.mount_tmpfs(folder, 4096)
@@ -171,6 +169,7 @@ def confine(spec: dict) -> list[str]:
         if spec.get("namespaces"):
             namespaces(spec)
             raised.append("namespaces")
+        os.chdir(os.path.join(spec["sandbox"], "tmp"))  # the one writable folder (the tmpfs, where mounted)
         kernel.no_new_privs()
         landlock(spec, kernel.landlock_abi())
         raised.append("landlock")
