@@ -46,3 +46,18 @@ def test_a_rank_that_never_finishes_is_reported_hung_at_the_deadline():
     a, b = gloo.run_pair(spin, lambda: "done", deadline=1.5)
     assert 1.4 < time.monotonic() - began < 6.0
     assert (a.status, b.status) == ("hung", "ok")
+
+
+def test_a_rank_that_reaches_a_function_that_hung_makes_the_check_not_run():
+    """In one process a call to a function that hung earlier raises NotRun, and the check is not run; a
+    rank that reaches one says the same, never an error of the learner's."""
+    from grader.engine.hangs import NotRun
+
+    def stopped():
+        raise NotRun("not run: it calls `prefill_worker`, which did not finish")
+    try:
+        gloo.run_pair(stopped, _recv)
+    except NotRun as exc:
+        assert "prefill_worker" in exc.message
+    else:
+        raise AssertionError("run_pair returned instead of raising NotRun")
