@@ -25,6 +25,7 @@ import sys
 from grader import manifest, render, state
 from grader.learner import tools as learner
 from grader.learner import sessions, watch
+from grader.public_record import records
 from grader.errors import UsageError
 
 DELEGATED = {"bench": "grader.bench.suite", "notebooks": "grader.learner.notebooks",  # subcommands with their own parser
@@ -51,18 +52,17 @@ def board() -> str:
     notebooks = learner.saved_results(state.NOTEBOOK_RESULTS)
     names = manifest.levels()
     lines = ["KV-cache katas (checks of your files, katas/NN; notebooks apart)" if notebooks else "KV-cache katas"]
+    width = max(len(k.title) for k in katas)  # every row's columns line up, the longest title's too
     for level in sorted({k.level for k in katas}):
         lines.append(f"\nlevel {level} · {names.get(level, '')}".rstrip(" ·"))
         for k in (k for k in katas if k.level == level):
-            lines.append(f"  {k.id}  {k.title:<40} {k.minutes:>3} min   {_progress(results.get(k.id))}"
+            lines.append(f"  {k.id}  {k.title:<{width}} {k.minutes:>3} min   {_progress(results.get(k.id))}"
                          + _notebook(notebooks.get(k.id)))
     pending = [k for k in katas if not _progress(results.get(k.id)).endswith("✓")]
     if pending:
         k = pending[0]
         head = f"next: kata {k.id} — {k.title}: read {k.readme}, edit {k.stub}"
-        from grader import grade  # here, not at the top: grading imports torch, and `kvkata` starts without it
-
-        if grade.gradable(k):
+        if records.gradable(k):
             lines += ["", head + ", then run", f"  pytest katas/{k.id}"]
         else:
             lines += ["", head, "  (this copy cannot grade it: hand in katas/ to your instructor, see README.md)"]

@@ -1,11 +1,12 @@
 """Grade a kata without pytest: the engine behind the plugin, the CLI, notebooks and tests."""
 from __future__ import annotations
 
+import re
 import time
 
 from grader import checks, manifest, render, state
 from grader.engine import CheckTimeout, Ctx, Result, hangs, reconcile, report, run_check, targets, time_limit
-from grader.public_record import public
+from grader.public_record import public, records
 from grader.runtime import pick_device, single_thread  # noqa: F401  (grade.pick_device: the front ends' name for it)
 
 DEFAULT_TIMEOUT = 60.0
@@ -13,7 +14,7 @@ DEFAULT_TIMEOUT = 60.0
 
 def gradable(kata: manifest.Kata) -> bool:
     """Whether this copy can grade the kata: it has the reference, or (a handout) its public record."""
-    return (manifest.REPO_ROOT / kata.solution).is_file() or public.active(kata.id)
+    return records.gradable(kata)
 
 
 def context(kata: manifest.Kata, target: targets.Target, device, seed: int = 0) -> tuple[Ctx, tuple]:
@@ -82,10 +83,92 @@ def summary(kata: manifest.Kata, results: list[Result]) -> str:
 
 
 def culprit(kata: manifest.Kata, result: Result) -> str:
-    """The API name a failed check points at: the function of a README task whose result differed, where
-    the check knows it (a check of several functions), else the name the check exercises first."""
-    named = result.failure.culprit if result.failure is not None else None
-    return named if named and kata.task_number(named) is not None else result.check.uses
+    """The API name a failed check points at: the function of a README task whose result differed first,
+    where the result says which, else the name the check exercises first. In order: the function a stub
+    left unimplemented, or that hung; the call a comparison named; the first line of the message that begins with an
+    API name (the label of the result that differed), or the step of a program marked as the failing one
+    (``→  4  append_token(0, 0)``); the first API name the message calls "your" one; the
+    learner's function a crash came through."""
+    failure = result.failure
+    hung = re.search(r"(?:hung in|it calls) `([\w.]+)`", result.message) \
+        if result.status in ("timeout", "not-run") else None
+    candidates = [_not_implemented(result.message) if result.status == "not-implemented" else None,
+                  hung.group(1) if hung else None, failure.culprit if failure is not None else None]
+    if result.status == "fail":
+        candidates += [_marked_step(kata, result.message), _leading_name(kata, result.message),
+                       _your_name(kata, result.message),
+                       _crashed_in(kata, result.message)]
+    for name in candidates:
+        name = (kata.api_name(name) or name) if name else None  # a method of a class a task asks for stays as named
+        if name and kata.task_number(name) is not None:
+            return name
+    return result.check.uses
+
+
+def _message_lines(message: str) -> list[str]:
+    """The lines of a failure message that say what happened: not the input it happened on, nor a trace of
+    the learner's code (whose source lines may begin with any name)."""
+    lines = []
+    for line in message.splitlines():
+        line = line.strip().lstrip("·-•→ ").strip()
+        if line.startswith('File "'):
+            break
+        if line and not line.startswith("on input"):
+            lines.append(line)
+    return lines
+
+
+def _marked_step(kata: manifest.Kata, message: str) -> str | None:
+    """The API name the step a program listing marks with → calls (``→  4  append_token(0, 0)``)."""
+    for line in message.splitlines():
+        step = re.match(r"\s*→\s*(?:\d+\s+)?([A-Za-z_]\w*)\(", line)
+        if step and kata.api_name(step.group(1)):
+            return step.group(1)
+    return None
+
+
+def _leading_name(kata: manifest.Kata, message: str) -> str | None:
+    """The API name the first line of ``message`` that starts with one starts with (``attention_mask(2) differs``,
+    ``swap_in(cache, pool, 0) · free host blocks``, ``prefill_worker's stats``)."""
+    for line in _message_lines(message):
+        word = re.match(r"(?:your )?([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)(?![A-Za-z0-9_])", line)
+        if word:
+            for name in (word.group(1), word.group(1).split(".")[-1], word.group(1).split(".")[0]):
+                if kata.api_name(name):
+                    return name
+    return None
+
+
+def _crashed_in(kata: manifest.Kata, message: str) -> str | None:
+    """The outermost of the learner's functions in a crash's trace that the API names."""
+    for word in re.findall(r'File "[^"]*", line \d+, in ([A-Za-z_][\w.]*)', message):
+        name = kata.api_name(word) or kata.api_name(word.split(".")[-1])
+        if name:
+            return name
+    return None
+
+
+def _your_name(kata: manifest.Kata, message: str) -> str | None:
+    """The first API name the message calls "your" one (``…, but your update raised ValueError``)."""
+    for line in _message_lines(message):
+        for word in re.findall(r"\byour ([A-Za-z_]\w*)", line):
+            if kata.api_name(word):
+                return word
+    return None
+
+
+def _not_implemented(message: str) -> str | None:
+    """The stub function a "not implemented yet: NAME" result names."""
+    head = report.NOT_IMPLEMENTED.split("{")[0]
+    return message[len(head):].split()[0] if message.startswith(head) and message[len(head):].strip() else None
+
+
+def first_task(kata: manifest.Kata, results: list[Result]) -> int | None:
+    """The README number of the task "start with task N" names for ``results``; None when all pass (or
+    no failing name belongs to a task)."""
+    failing = [culprit(kata, r) for r in results if not r.passed]
+    task = min((kata.task_number(name) or len(kata.tasks) + 1 for name in failing), default=None)
+    return task if task is not None and task <= len(kata.tasks) else None
 
 
 def next_step(kata: manifest.Kata, failing: list[str]) -> str:
@@ -125,6 +208,7 @@ def record(kata: manifest.Kata, results: list[Result], target_label: str, device
             "total": len(results),
             "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "checks": {r.check.id: {"status": r.status, "diagnoses": r.diagnoses} for r in results},
+            "first_task": first_task(kata, results),  # the task the summary points at (kvkata hint opens there)
         }
     }
 

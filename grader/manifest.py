@@ -22,8 +22,13 @@ MANIFEST_FILE = PACKAGE_DIR / "manifest.toml"
 class FollowUp:
     question: str
     answer: str
-    value: float | None = None  # a numeric answer that can be checked automatically
-    tolerance: float = 0.0  # relative tolerance for ``value``
+    values: tuple[float, ...] = ()  # the numbers the question asks for, in its order, checked automatically
+    tolerance: float = 0.0  # relative tolerance for each of ``values``
+
+    @property
+    def value(self) -> float | None:
+        """The first number the question asks for; None for a question answered in words."""
+        return self.values[0] if self.values else None
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class Kata:
     topic: str
     tasks: tuple[tuple[str, ...], ...]  # per numbered task of the README, the API names it asks for
     hints: tuple[str, ...]
+    hint_tasks: tuple[tuple[int, ...], ...] = field(default=())  # per hint, the README tasks it speaks to
     followups: tuple[FollowUp, ...] = field(default=())
 
     @property
@@ -60,6 +66,13 @@ class Kata:
     def api_names(self) -> tuple[str, ...]:
         """Every API name the tasks ask for, each once, in task order."""
         return tuple(dict.fromkeys(name for task in self.tasks for name in task))
+
+    def api_name(self, word: str) -> str | None:
+        """The API name ``word`` stands for: itself, or a method's short name (``attention_mask`` for
+        ``StaticKVCache.attention_mask``); None when no task asks for it."""
+        if word in self.api_names:
+            return word
+        return next((name for name in self.api_names if name.endswith(f".{word}")), None)
 
     def task_number(self, name: str) -> int | None:
         """1-based number of the README task that asks for ``name``: the first task naming it, else
@@ -89,6 +102,7 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
             topic=entry["topic"],
             tasks=tuple(_task(t, entry["id"]) for t in entry["tasks"]),
             hints=tuple(entry["hints"]),
+            hint_tasks=_hint_tasks(entry),
             followups=followups,
         )
         if kata.id in katas:
@@ -97,19 +111,35 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
     return katas
 
 
+def _hint_tasks(entry: dict) -> tuple[tuple[int, ...], ...]:
+    """``hint_tasks``: one list of README task numbers per hint, the tasks that hint speaks to."""
+    raw = entry.get("hint_tasks", [])
+    where = f"kata {entry['id']}: hint_tasks"
+    if raw and len(raw) != len(entry["hints"]):
+        raise ValueError(f"{where}: expected one list per hint ({len(entry['hints'])}), got {len(raw)}")
+    tasks = tuple(tuple(numbers) for numbers in raw)
+    if any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(entry["tasks"])
+           for numbers in tasks for n in numbers):
+        raise ValueError(f"{where}: expected task numbers from 1 to {len(entry['tasks'])}, got {raw!r}")
+    return tasks
+
+
 def _followup(raw: dict, kata_id: str) -> FollowUp:
     """A follow-up question. With a ``given`` table, its numbers (and formulas over them, in order)
     fill the ``{name}`` fields of the question and the answer, and ``value`` may be a formula too:
     the question, the answer and the checked value then come from one computation."""
     question, answer, value = raw["q"], raw["a"], raw.get("value")
+    values = list(value) if isinstance(value, list) else [] if value is None else [value]
     if "given" in raw:
         names: dict[str, float] = {}
         for name, given in raw["given"].items():
             names[name] = evaluate(given, names, f"kata {kata_id}: given.{name}")
-        if isinstance(value, str):
-            value = evaluate(value, names, f"kata {kata_id}: value")
-        question, answer = question.format(**names, value=value), answer.format(**names, value=value)
-    return FollowUp(question, answer, value, raw.get("tolerance", 0.0))
+        values = [evaluate(v, names, f"kata {kata_id}: value") if isinstance(v, str) else v for v in values]
+        first = values[0] if values else None
+        question, answer = question.format(**names, value=first), answer.format(**names, value=first)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        raise ValueError(f"kata {kata_id}: value: expected a number or a list of numbers, got {value!r}")
+    return FollowUp(question, answer, tuple(values), raw.get("tolerance", 0.0))
 
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,

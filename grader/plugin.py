@@ -108,7 +108,20 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
         )
         if public:
             lines.append(f"kata {kata.id}: {public}")
+        lines += session_note(config, kata)
     return lines
+
+
+SESSION_NOTE = ("kata {kata}: an interview session of this kata is open. This run grades {stub}, the repository's "
+                "file, not the session's ({file}); `kvkata check` grades the session's file")
+
+
+def session_note(config: pytest.Config, kata: manifest.Kata) -> list[str]:
+    """During an interview session of ``kata``, which file this run grades, and how to grade the session's."""
+    session = state.open_session(config.rootpath)
+    if config.stash[SETTINGS]["target"] != "stub" or session is None or session.get("kata") != kata.id:
+        return []
+    return [SESSION_NOTE.format(kata=kata.id, stub=kata.stub, file=session["file"])]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -158,15 +171,26 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for line in grade.not_run_lines(results):
             terminalreporter.write_line(line)
         terminalreporter.write_line(grade.summary(kata, results))
-        for r in results:
-            if r.diagnoses:
-                terminalreporter.write_line(f"  {r.check.title}: looks like {', '.join(r.diagnoses)}")
+        for line in session_note(config, kata):
+            terminalreporter.write_line(line)
+        for line in looks_like(results):
+            terminalreporter.write_line(line)
         saved.update(grade.record(kata, results, config.stash[SETTINGS]["target"], str(config.stash[SETTINGS]["device"])))
     if config.stash[SETTINGS]["target"] == "stub":
         try:
             state.save_results(saved, config.rootpath)
         except OSError as exc:
             terminalreporter.write_line(f"kvkata: could not save results ({exc})")
+
+
+def looks_like(results: list[Result]) -> list[str]:
+    """One line per named mistake: the check it is explained under, and how many more name it."""
+    named: dict[str, list[str]] = {}
+    for r in results:
+        for name in r.diagnoses:
+            named.setdefault(name, []).append(r.check.title)
+    return [f"  {titles[0]}: looks like {name}" + (f" (and {len(titles) - 1} more check(s))" if len(titles) > 1 else "")
+            for name, titles in named.items()]
 
 
 class KataFailed(Exception):

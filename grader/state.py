@@ -16,6 +16,7 @@ from grader import manifest
 
 RESULTS = "results.json"  # the latest grading of each kata's file, katas/NN/<file>
 NOTEBOOK_RESULTS = "notebooks.json"  # the latest check cell of each kata's notebook, kept apart
+SESSION = "session.json"  # the open interview session (grader.learner.sessions)
 
 
 def state_dir(root: Path | None = None) -> Path:
@@ -57,6 +58,17 @@ def read_json(path: Path, default):
         except OSError:
             print(f"kvkata: {path} is unreadable ({exc}); ignoring it", file=sys.stderr)
         return default
+
+
+def open_session(root: Path | None = None) -> dict | None:
+    """The open interview session's kata and file ({"kata", "file", ...}), or None; read only (the
+    sessions' own code sets a malformed file aside)."""
+    try:
+        with open(state_dir(root) / SESSION, encoding="utf-8") as handle:
+            session = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return session if isinstance(session, dict) and {"kata", "file"} <= session.keys() else None
 
 
 def load_results(root: Path | None = None, name: str = RESULTS) -> dict:

@@ -2,11 +2,13 @@
 ``kvkata`` in a subprocess, the bugs no mistake catalogue knows, and a grader that remembers nothing
 from the test before (but for a kata's known mistakes graded in turn).
 
-Tiers: ``pytest -m "not slow" -n 2`` is the inner loop (two processes); ``pytest`` runs everything (as CI does).
+Tiers: a bare ``pytest`` is the quick tier (every test not marked ``slow``) in two processes; ``pytest -m slow``
+runs the rest, ``pytest --full`` everything (``bash .ci/run`` runs the quick tier, then the slow one).
 """
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -28,7 +30,71 @@ SKIP = shutil.ignore_patterns(".git", ".kvkata", "__pycache__", ".hypothesis", "
 
 
 # -- tiers ------------------------------------------------------------------------------------------------
-slow = pytest.mark.slow  # left out of the inner loop, ``pytest -m "not slow" -n 2``; ``pytest`` runs it
+slow = pytest.mark.slow  # left out of a bare ``pytest`` (the quick tier); ``pytest -m slow`` or ``--full`` runs it
+QUICK = "not slow"
+SPOT_CHECK = "KVKATA_MUTATION_SPOT_CHECK"  # the kata whose recorded mutation run is redone anyway (tests/test_mutation.py)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true",
+                     help="every test, the slow tier included (a bare pytest runs the quick tier only)")
+
+
+def _bare(config: pytest.Config) -> bool:
+    """``pytest`` with no paths: the command the README gives."""
+    return config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """A bare ``pytest`` is the quick tier, in two processes where pytest-xdist is installed (before xdist
+    reads ``-n``). Any ``-m``, ``-n`` or path given on the command line wins."""
+    if hasattr(config, "workerinput"):
+        return
+    if _bare(config) and not config.option.markexpr and not config.getoption("full"):
+        config.option.markexpr = QUICK
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    parallel = _bare(config) or config.getoption("full")
+    if (parallel and config.option.numprocesses is None
+            and not config.getoption("usepdb") and not config.getoption("collectonly") and (os.cpu_count() or 1) > 1):
+        config.option.numprocesses = 2
+    if config.option.numprocesses and config.option.dist in ("no", "load"):
+        config.option.dist = "loadgroup"  # a module's shared venvs, records and models are made once (SHARED)
+
+
+# Modules whose fixtures build something costly once (a venv, every public record, a model, a built zip): all
+# their tests go to one worker, so that it is built once a run rather than once a worker.
+SHARED = {"test_user_paths", "test_public", "test_autograder", "test_notebooks", "test_classroom", "test_whisper",
+          "test_models", "test_beam_search", "test_engine", "test_bench_models", "test_playground"}
+# What the shell may hold that changes how the project behaves, never inherited by a test (a test that needs one
+# sets its own): a state folder, an autograder root, kept sandboxes.
+OURS = ("KVKATA_STATE", "KVKATA_AUTOGRADER_ROOT", "KVKATA_KEEP_SANDBOXES")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The shell's settings of ours dropped; one spot check a run, drawn by the controller (its workers
+    inherit the environment)."""
+    for name in OURS:
+        os.environ.pop(name, None)
+    if not hasattr(config, "workerinput") and not os.environ.get(SPOT_CHECK):
+        os.environ[SPOT_CHECK] = random.choice(IDS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if getattr(item, "module", None) else ""
+        if module in SHARED:
+            item.add_marker(pytest.mark.xdist_group(module))
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    if config.option.markexpr == QUICK and _bare(config):
+        terminalreporter.write_line(
+            "quick tier: the tests marked slow (handouts in new virtual environments, cohorts, every known mistake, "
+            "mutation runs) were left out; `pytest -m slow` runs them, `pytest --full` runs everything, "
+            "`bash .ci/run` runs both tiers as CI does", bold=True)
 
 
 def first_of_each_kata_fast(cases: list[tuple], ids: list[str]) -> list:

@@ -167,8 +167,9 @@ def test_every_numeric_follow_up_states_its_value_in_its_answer():
     for kata in KATAS:
         for f in (f for f in kata.followups if f.value is not None):
             stated = [sessions.parse_number(m.group(0)) for m in sessions.NUMBER.finditer(f.answer)]
-            close = [n for n in stated if n is not None and abs(n - f.value) <= max(1e-9, f.tolerance * abs(f.value))]
-            assert close, (kata.id, f.question, f.answer)
+            for value in f.values:
+                close = [n for n in stated if n is not None and abs(n - value) <= max(1e-9, f.tolerance * abs(value))]
+                assert close, (kata.id, f.question, value, f.answer)
 
 
 def test_the_crossover_question_gives_the_numbers_its_answer_uses():
@@ -181,10 +182,41 @@ def test_the_crossover_question_gives_the_numbers_its_answer_uses():
     wanted = math.ceil(weights / per_token)  # "the fewest cached tokens whose cache is at least the weights"
     assert f.value == wanted and f"{wanted:,}" in f.answer
     numeric = [g for g in kata.followups if g.value is not None]
-    lines = ["0"] * len(numeric)
+    lines = [" ".join(["0"] * len(g.values)) for g in numeric]
     lines[numeric.index(f)] = f"{wanted:,}"
     code, out = _quiz(kata, lines)
     assert code == 1 and f"1 of {len(numeric)} right" in out and "try again" not in out, out
+
+
+def test_a_question_asking_for_several_numbers_asks_for_and_checks_each():
+    """Kata 04: "how many GiB of cache with 8 KV heads? And with 32 or 1?" wants three numbers, in order:
+    the first alone is asked again, and one of them wrong is wrong."""
+    kata = manifest.get("04")
+    numeric = [f for f in kata.followups if f.value is not None]
+    f = next(f for f in numeric if "And with 32 or 1?" in f.question)
+    assert len(f.values) == 3, f.values
+    fill = lambda chosen: [chosen if g is f else " ".join(f"{v:g}" for v in g.values) for g in numeric]  # noqa: E731
+    code, out = _quiz(kata, fill(f"{f.values[0]:g} GiB"))  # one number of three: asked again, then no answer
+    assert code == 1 and "3 numbers, in the order asked" in out and "try again" in out, out
+    code, out = _quiz(kata, fill(", ".join(f"{v:g}" for v in (f.values[0], f.values[1] * 2, f.values[2]))))
+    assert code == 1 and "not quite" in out and "try again" not in out, out
+    code, out = _quiz(kata, fill(" GiB, ".join(f"{v:g}" for v in f.values) + " GiB"))
+    assert code == 0 and f"{len(numeric)} of {len(numeric)} right" in out, out
+
+
+def test_the_readmes_quiz_examples_answer_no_question():
+    """The README shows how to write an answer; its examples must not give one away."""
+    from grader.learner import sessions
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Interview practice", 1)[1].split("\n## ", 1)[0]
+    examples = re.findall(r"`([^`]*\d[^`]*)`", section.split("A quiz", 1)[1])
+    assert examples, section
+    answers = {v for k in KATAS for f in k.followups for v in f.values}
+    for example in examples:
+        for m in sessions.NUMBER.finditer(example):
+            number = sessions.parse_number(m.group(0))
+            assert number is None or all(abs(number - a) > 1e-9 * max(1.0, abs(a)) for a in answers), example
 
 
 def test_a_typo_is_asked_again_and_a_wrong_number_is_wrong():
@@ -292,3 +324,48 @@ def test_every_option_of_every_command_says_what_it_does():
         description = shown.stdout.split("\n\n")[1]  # after the usage lines
         assert description.rstrip().endswith("."), f"kvkata {name} --help: {description!r} is cut"
         assert not _options_without_help(shown.stdout), (name, _options_without_help(shown.stdout))
+
+
+# -- hints follow the failure ------------------------------------------------------------------
+def test_hint_opens_at_the_hint_of_the_task_the_latest_run_fails_first(tmp_path, monkeypatch):
+    """Kata 05 failing only in attention_mask (task 3): the first `kvkata hint` is the hint about the
+    mask, not the ladder's first (about update); the next one goes on from there."""
+    from grader import checks, grade, state
+    from grader.engine import Result
+    from grader.learner import tools
+
+    monkeypatch.setenv("KVKATA_STATE", str(tmp_path))
+    kata = manifest.get("05")
+    mask_check = next(c for c in checks.for_kata("05").all if c.uses == "StaticKVCache.attention_mask")
+    results = [Result(c, "fail" if c is mask_check else "pass", "on input x=1\n  attention_mask(1) differs")
+               for c in checks.for_kata("05").all]
+    state.save_results(grade.record(kata, results, "stub", "cpu"))
+    about = next(n for n, tasks in enumerate(kata.hint_tasks, start=1) if 3 in tasks)
+    assert about > 1, "the mask's hint is not the ladder's first, or this test proves nothing"
+    first = tools.hint(kata)
+    assert f"hint {about} of {len(kata.hints)}" in first and "about task 3" in first, first
+    assert kata.hints[about - 1] in first
+
+
+def test_every_hint_names_the_tasks_it_speaks_to():
+    for kata in KATAS:
+        assert len(kata.hint_tasks) == len(kata.hints), kata.id
+        assert all(1 <= n <= len(kata.tasks) for tasks in kata.hint_tasks for n in tasks), kata.id
+
+
+# -- the board starts without torch, its columns aligned ----------------------------------------------
+def test_the_board_is_built_without_importing_torch(tmp_path):
+    code = ("import sys\nfrom grader import cli\ntext = cli.board()\n"
+            "print('torch' in sys.modules, 'grader.grade' in sys.modules, len(text) > 0)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KVKATA_STATE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "False", "True"], out.stdout + out.stderr
+
+
+def test_every_row_of_the_board_has_its_columns_in_line(tmp_path, monkeypatch):
+    from grader import cli
+
+    monkeypatch.setenv("KVKATA_STATE", str(tmp_path))
+    rows = [line for line in cli.board().splitlines() if re.match(r"  \d\d  ", line)]
+    assert len(rows) == len(KATAS)
+    assert len({row.index(" min ") for row in rows}) == 1, "\n".join(rows)

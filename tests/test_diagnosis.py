@@ -120,3 +120,36 @@ def test_a_name_that_contradicts_another_checks_verdict_is_not_given():
     ctx, known = grade.context(manifest.get("08"), target, grade.pick_device("cpu"))
     check = next(c for c in checks.for_kata("08").all if c.id == "sampling_is_reproducible")
     assert run_check(check, ctx, known, 60.0).diagnoses == ["generator ignored"]
+
+
+def test_a_diagnosis_is_explained_once_under_the_first_check_that_names_it():
+    """Kata 03's tiled repeat fails five checks that all name it: the explanation and the hint are printed
+    once, under the first; each later check names the mistake in one line and says where it is explained."""
+    kata, tiled = manifest.get("03"), mistakes.catalogue("03")[0]
+    target = targets.from_source(tiled.apply((manifest.REPO_ROOT / kata.solution).read_text()), "<tiled>", "tiled")
+    named = [r for r in grade.grade(kata.id, target) if tiled.name in r.diagnoses]
+    assert len(named) >= 2, [r.check.id for r in named]
+    text = "\n".join(r.message for r in named)
+    assert text.count(tiled.hint) == 1 and tiled.hint in named[0].message
+    for r in named[1:]:
+        assert tiled.name in r.message and named[0].check.title in r.message and tiled.hint not in r.message
+
+
+def test_watch_says_which_check_a_late_diagnosis_belongs_to():
+    """The watcher shows the first failure at once and its diagnosis when every check has run: when
+    other failures were shown between, the diagnosis is headed by its own check's title."""
+    from grader.learner import watch
+
+    kata = manifest.get("03")
+    first, second = checks.for_kata("03").all[:2]
+    said: list[str] = []
+    verdict = watch.Verdict(kata, None, said.append)
+    event = {"event": "result", "status": "fail", "diagnoses": [], "seconds": 0.1}
+    verdict.show({**event, "check": first.id, "message": "on input x=1\n  wrong"})
+    verdict.show({**event, "check": second.id, "message": "on input x=2\n  wrong too"})
+    verdict.show({**event, "event": "explained", "check": first.id, "diagnoses": ["m"],
+                  "message": "on input x=1\n  wrong\n  this looks like a known mistake: m. why\n  hint: h"})
+    lines = "\n".join(said).splitlines()
+    hint = next(i for i, line in enumerate(lines) if "hint: h" in line)
+    header = max(i for i, line in enumerate(lines[:hint]) if "✗" in line)
+    assert first.title in lines[header], lines

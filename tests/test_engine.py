@@ -332,3 +332,44 @@ def test_outside_the_main_thread_there_is_no_limit_and_no_error():
     thread.start()
     thread.join(30)
     assert outcome == ["finished"]
+
+
+# -- floats as the learner reads them --------------------------------------------------------------------
+def test_floats_are_printed_with_the_digits_that_differ():
+    """An error of 3e-8 on -0.158 is far beyond float64's tolerance; six digits would print the two values
+    the same. Every number of a wrong entry is printed with enough digits to show the difference."""
+    expected = torch.tensor([0.584216852, -0.157941263], dtype=torch.float64)
+    got = expected + torch.tensor([0.0, -3.19e-8], dtype=torch.float64)
+    problem = report.compare(expected, got)
+    first = [line for line in problem.splitlines() if "first bad index" in line][0]
+    shown = first.split("expected ", 1)[1].split(" (")[0]
+    e, g = (s.split()[-1] for s in shown.split(", got "))
+    assert e != g, first
+    lists = [line.split(" (flattened")[0].split(None, 1)[1] for line in problem.splitlines()
+             if line.strip().startswith(("expected [", "got "))]
+    assert len(lists) == 2 and eval(lists[0])[1] != eval(lists[1])[1], problem
+    assert report.significant_digits([(1.0, 2.0)]) == 6  # no more digits than it takes
+
+
+def _kata01(old: str, new: str):
+    from grader import grade, manifest
+
+    kata = manifest.get("01")
+    source = (manifest.REPO_ROOT / kata.solution).read_text()
+    assert source.count(old) == 1
+    target = targets.from_source(source.replace(old, new), "<kata 01 edit>", "edit")
+    return [r for r in grade.grade("01", target, diagnose=False, only=["attention_prefill"]) if not r.passed]
+
+
+def test_an_error_the_size_of_a_narrower_dtype_names_it():
+    """A softmax in float32 on float64 inputs: an error far above float64's tolerance, at float32's level."""
+    [failed] = _kata01("out = torch.softmax(scores, dim=-1) @ V",
+                       "out = torch.softmax(scores.float(), dim=-1).to(scores.dtype) @ V")
+    assert "dtype=float64" in failed.message and "compute in float32 rather than float64" in failed.message, \
+        failed.message
+
+
+def test_an_error_of_another_size_names_no_dtype():
+    """A wrong scale is a bug of its own, far beyond any dtype's rounding: no dtype is named."""
+    [failed] = _kata01("out = torch.softmax(scores, dim=-1) @ V", "out = torch.softmax(scores * 1.5, dim=-1) @ V")
+    assert "rather than" not in failed.message, failed.message

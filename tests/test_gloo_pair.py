@@ -48,6 +48,29 @@ def test_a_rank_that_never_finishes_is_reported_hung_at_the_deadline():
     assert (a.status, b.status) == ("hung", "ok")
 
 
+def test_a_rank_left_behind_leaves_with_the_grading_and_prints_nothing(tmp_path, capfd):
+    """A rank still blocked (here a loop; joining a group or a receive alike) when the pair gives up on it
+    is gone as soon as ``run_pair`` returns: nothing of it prints after the grading's report."""
+    import os
+
+    pid_file = tmp_path / "pid"
+
+    def spin():
+        pid_file.write_text(str(os.getpid()))
+        while True:
+            pass
+    a, b = gloo.run_pair(spin, lambda: "done", deadline=1.5)
+    assert (a.status, b.status) == ("hung", "ok")
+    pid = int(pid_file.read_text())
+    stop = time.monotonic() + 2.0
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < stop:
+        time.sleep(0.02)
+    assert not os.path.exists(f"/proc/{pid}"), "the rank outlived the pair"
+    time.sleep(1.5)  # past the child's own deadline (1.5 s + 1 s): a dump would have been printed by now
+    err = capfd.readouterr().err
+    assert "Timeout" not in err and "Traceback" not in err, err
+
+
 def test_a_rank_that_reaches_a_function_that_hung_makes_the_check_not_run():
     """In one process a call to a function that hung earlier raises NotRun, and the check is not run; a
     rank that reaches one says the same, never an error of the learner's."""

@@ -139,3 +139,30 @@ def test_a_function_that_hung_is_the_learners_again_after_grading():
     results = grade.grade("04", targets.from_namespace(namespace), timeout=3)
     assert [r.status for r in results].count("timeout") == 1 and any(r.status == "not-run" for r in results), [(r.status, r.message) for r in results[:3]]
     assert namespace["kv_bytes_per_token"] is original
+
+
+@slow
+def test_during_an_interview_session_pytest_says_which_file_it_grades(run, tmp_path):
+    """A session's copy of the stub still says "run pytest katas/01": that grades the repository's file,
+    and the run says so, with the command that grades the session's."""
+    import json
+
+    (tmp_path / "state").mkdir()
+    session_file = tmp_path / "state" / "sessions" / "s1" / "append.py"
+    (tmp_path / "state" / "session.json").write_text(json.dumps({"id": "s1", "kata": "01", "file": str(session_file),
+                                                                "started_epoch": 0, "minutes": 25}))
+    out = run("katas/01").stdout.str()
+    lines = [line for line in out.splitlines() if "interview session of this kata is open" in line]
+    assert len(lines) == 2, out  # in the header and again under the summary
+    assert all("katas/01/append.py" in line and str(session_file) in line and "kvkata check" in line
+               for line in lines), lines
+
+
+def test_the_kata_summary_names_each_mistake_once():
+    """Five checks naming one mistake give one summary line: the check it is explained under, and how many more."""
+    from grader.engine import Result
+    from grader.plugin import looks_like
+
+    results = [Result(c, "fail", "m", ["tiled"]) for c in CHECKS[:3]] + [Result(CHECKS[3], "pass")]
+    lines = looks_like(results)
+    assert lines == [f"  {CHECKS[0].title}: looks like tiled (and 2 more check(s))"], lines

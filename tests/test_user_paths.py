@@ -115,9 +115,11 @@ def wheelhouse(tmp_path_factory) -> Path:
 
 
 def clean_env(venv: Path | None = None, **extra: str) -> dict[str, str]:
-    """The environment a user's shell has: no PYTHONPATH, no state folder of ours, no active venv."""
-    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "KVKATA_STATE", "PYTEST_ADDOPTS")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PYTEST_")}
+    """The environment a user's shell has: no PYTHONPATH, no setting of ours (a state folder, …), no pip
+    setting of this shell's (a folder of wheels in PIP_FIND_LINKS would offer pip another torch), no active venv.
+    pip's configuration files are the machine's, as a user's are."""
+    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("PYTEST_", "PIP_", "KVKATA_"))}
     path = [str(Path(sys.executable).parent), env.get("PATH", "")]
     if venv is not None:
         path.insert(0, str(venv / BIN))
@@ -145,14 +147,41 @@ def readme_block(readme: str, heading: str) -> list[str]:
 
 
 def torch_line(wheelhouse: Path) -> str:
-    """The user's own torch install (here: this machine's torch, from the stand-in wheel)."""
-    return f"python -m pip install --quiet --no-index --find-links {wheelhouse} torch"
+    """The user's own torch install (here: this machine's torch, from the stand-in wheel and nowhere else:
+    ``--isolated`` leaves out pip's configuration files and variables, which may name other wheels of torch)."""
+    return f"python -m pip install --quiet --isolated --no-index --find-links {wheelhouse} torch"
 
 
 def grader_file(venv: Path, cwd: Path) -> str:
     ran = subprocess.run([str(venv / BIN / "python"), "-c", "import grader; print(grader.__file__)"],
                          cwd=cwd, env=clean_env(venv), capture_output=True, text=True, timeout=120)
     return ok(ran).strip().splitlines()[-1]
+
+
+def test_a_users_venv_takes_no_setting_from_the_shell_running_the_tests(tmp_path, wheelhouse, monkeypatch):
+    """A shell whose PIP_FIND_LINKS offers another torch of the same version, built for this platform (so pip
+    would prefer it) and unable to install, and whose KVKATA_STATE names a folder: the venvs of these tests get the
+    stand-in torch, and see neither setting."""
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    version, tag = metadata.version("torch"), f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    info = f"torch-{version}.dist-info"
+    with zipfile.ZipFile(decoy / f"torch-{version}-{tag}-{tag}-manylinux_2_17_x86_64.whl", "w") as wheel:
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n"
+                                           "Requires-Dist: kvkata-no-such-package\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+                                        f"Tag: {tag}-{tag}-manylinux_2_17_x86_64\n")
+        wheel.writestr(f"{info}/RECORD", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(decoy))
+    monkeypatch.setenv("KVKATA_STATE", str(tmp_path / "state"))
+    venv = tmp_path / "venv"
+    ok(subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=300))
+    env = clean_env(venv)
+    assert not [k for k in env if k.startswith(("PIP_", "KVKATA_"))]
+    shell = {**env, "PIP_FIND_LINKS": str(decoy)}  # even where the variable reaches pip, the torch step ignores it
+    ok(sh(torch_line(wheelhouse), tmp_path, shell))
+    shown = ok(sh("python -m pip show torch", tmp_path, env))
+    assert f"Version: {metadata.version('torch')}" in shown, shown
 
 
 # -- the quick start ----------------------------------------------------------------------------

@@ -62,7 +62,9 @@ def _quantize_body(c, ex):
         problem = (got.double().cpu() - want).abs() > slack
         if problem.any():
             i = tuple(int(j) for j in problem.nonzero()[0])
-            c.fail(f"{call}: {name} at {list(i)} is {got[i].item():.6g}, expected {want[i].item():.6g}; the README's "
+            g, w = got[i].item(), want[i].item()
+            digits = report.significant_digits([(g, w)])
+            c.fail(f"{call}: {name} at {list(i)} is {g:.{digits}g}, expected {w:.{digits}g}; the README's "
                    f"zero = min and scale = (max - min) / (2**n_bits - 1) = (max - min) / {qmax}, over dim {dim}",
                    ex, (name, got))
     if int(codes.max()) > qmax:

@@ -132,18 +132,25 @@ class Replay:
                             for i, op in enumerate(ops) if i <= self.step)
         if len(ops) > self.step + 1:
             listing += f"\n          … {len(ops) - self.step - 1} more step(s), not run"
-        try:
-            yours = picture(letters({s: list(self.mine.block_table(s)) for s in self.live}))
-        except Exception as exc:  # the tables themselves are broken; say so instead of crashing
-            yours = f"    (block_table raised {type(exc).__name__}: {exc})"
-        if expected_labels is None:
-            expected_labels = letters({s: self.ref.block_table(s) for s in self.live})
         raise Failure(
             f"on input PrefixCache(num_blocks={self.ex['num_blocks']}, block_size={self.P}), the program "
             f"(→ marks the failing step; blocks of a prompt split by |):\n{listing}\n"
-            f"  after step {self.step}: {what}\n  your block tables (same letter = same physical block):\n{yours}\n"
-            f"  expected (any block ids will do, only the sharing counts):\n{picture(expected_labels)}",
+            f"  after step {self.step}: {what}\n{self.pictures(expected_labels)}",
             observed=("step", self.step) + tuple(observed))
+
+    def pictures(self, expected_labels: dict | None) -> str:
+        """Your block tables beside the expected ones where they differ; one line where they do not (the
+        failure is then about something else, and two identical pictures would only hide it)."""
+        if expected_labels is None:
+            expected_labels = letters({s: self.ref.block_table(s) for s in self.live})
+        try:
+            labels = letters({s: list(self.mine.block_table(s)) for s in self.live})
+        except Exception as exc:  # the tables themselves are broken; say so instead of crashing
+            return f"  your block tables: block_table raised {type(exc).__name__}: {exc}"
+        if labels == expected_labels:
+            return "  (your block tables hold and share blocks as expected)"
+        return (f"  your block tables (same letter = same physical block):\n{picture(labels)}\n"
+                f"  expected (any block ids will do, only the sharing counts):\n{picture(expected_labels)}")
 
     def run(self) -> "Replay":
         for self.step, op in enumerate(self.ex["ops"]):

@@ -207,11 +207,17 @@ def pair(c, ex: dict, rank0, rank1, learner: tuple[int, ...]) -> list:
         if o.status == "died":
             c.fail(f"rank {rank} ({'your worker' if rank in learner else 'the grader'}) ended without a result "
                    f"({o.message}): something called exit or crashed the process", ex, ("died", rank))
-        if o.status in ("raised", "hung"):  # the grader's peer: what it saw of the learner's messages
+        if o.status in ("raised", "hung") and rank == 1:  # the grader receives: what it saw of the learner's messages
             c.fail(f"the grader's peer (rank {rank}) could not complete the exchange with your worker: "
                    f"{o.error or 'it waited past the deadline'}: {_first_line(o.message)}. The messages must be "
                    "exactly the header, K0, V0, …, then the first token, each of the size the header announces",
-                   ex, ("peer failed", rank, o.error or "hung"))
+                   ex, ("peer failed", rank, o.error or "hung"), culprit="prefill_worker")
+        if o.status in ("raised", "hung"):  # the grader sends: the learner's receiver did not take it all
+            c.fail(f"the grader's prefill side (rank {rank}) could not complete the exchange with your decode_worker: "
+                   f"{o.error or 'it waited past the deadline'}: {_first_line(o.message)}. Your worker must receive "
+                   "every message sent, in order: the header, then K0, V0, …, each into a buffer of the size and "
+                   "dtype the header announces, then the first token", ex, ("peer failed", rank, o.error or "hung"),
+                   culprit="decode_worker")
     return [o.value for o in outcomes]
 
 

@@ -123,13 +123,19 @@ def plain_stats(c, ex, stats) -> dict:
 def judge_stats(c, ex, model, P: int, stats) -> dict:
     stats, want = plain_stats(c, ex, stats), wire_bytes(model, P)
     if stats["kv_bytes"] != want:
-        c.fail(f"stats['kv_bytes'] = {stats['kv_bytes']}, but K and V of {P} tokens take 2 · layers · P · KV heads "
-               f"· head width · bytes per element = {want} bytes (kata 04's formula): no padding, no repeated "
-               "query heads, the header and the first token not counted", ex, ("kv_bytes", stats["kv_bytes"], want))
+        per_token, got = want // P, stats["kv_bytes"]
+        why = ("no padding, no repeated query heads, the header and the first token not counted" if got % per_token
+               else f"your count is the K and V of {got // per_token} tokens, and this prompt has {P}"
+               + (": does the cache hold tokens of an earlier request? Each prompt starts from an empty cache"
+                  if got > want else ""))
+        c.fail(f"stats['kv_bytes'] = {got}, but K and V of {P} tokens take 2 · layers · P · KV heads "
+               f"· head width · bytes per element = {want} bytes (kata 04's formula): {why}", ex,
+               ("kv_bytes", got, want), culprit="prefill_worker")
     if stats["messages"] != 2 * model.config.num_hidden_layers + 2:
         c.fail(f"stats['messages'] = {stats['messages']}; the header, K and V of each of the "
                f"{model.config.num_hidden_layers} layers and the first token make "
-               f"{2 * model.config.num_hidden_layers + 2}", ex, ("messages", stats["messages"]))
+               f"{2 * model.config.num_hidden_layers + 2}", ex, ("messages", stats["messages"]),
+               culprit="prefill_worker")
     return stats
 
 
@@ -144,13 +150,13 @@ def judge_tokens(c, ex, model, prompt, tokens, eos, what="the decode worker's to
     wrong = first_wrong(wide, prompt, tokens, eos, HALF_TIE.get(name, TIE))
     if wrong is not None and wrong[0] == "token":
         c.fail(f"{what}: new token {wrong[1]} is {wrong[2]}, but single-process greedy generation gives "
-               f"{wrong[3]} there\n  your tokens: {tokens}", ex, ("tokens", tokens))
+               f"{wrong[3]} there\n  your tokens: {tokens}", ex, ("tokens", tokens), culprit="decode_worker")
     if wrong is not None:
         c.fail(f"{what}: new token {wrong[1]} is the EOS {eos}, but the output goes on; stop after the first EOS "
-               f"(keeping it)\n  your tokens: {tokens}", ex, ("tokens", tokens))
+               f"(keeping it)\n  your tokens: {tokens}", ex, ("tokens", tokens), culprit="decode_worker")
     if len(tokens) > N or (len(tokens) < N and (eos is None or eos not in tokens)):
         c.fail(f"{what}: {len(tokens)} new tokens, expected {N} (max_new_tokens, the first token included, unless "
-               f"an EOS comes)\n  your tokens: {tokens}", ex, ("tokens", tokens))
+               f"an EOS comes)\n  your tokens: {tokens}", ex, ("tokens", tokens), culprit="decode_worker")
     return tokens
 
 

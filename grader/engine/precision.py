@@ -33,6 +33,10 @@ FLOORS = {
     torch.bfloat16: (2e-2, 1e-2),
 }
 NARROW = (torch.float32, torch.float16, torch.bfloat16)
+# The dtypes narrower than each, tried in turn when a result misses its dtype's tolerance: an error the size of
+# the reference's own error in one of them says that something inside computed in it.
+NARROWER = {torch.float64: (torch.float32, torch.bfloat16, torch.float16),
+            torch.float32: (torch.bfloat16, torch.float16)}
 # How far beyond the reference's own error a careful implementation may err. Measured (python
 # tests/precision_study.py): correct files of tests/independent/ err at most 0.93 E beyond the floor, the less
 # precise files of tests/independent/wrong/ 4e4 E or more; 8 leaves room for orders of operations not measured.

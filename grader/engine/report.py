@@ -19,6 +19,10 @@ IMPORT_TIMED_OUT = ("importing {label} did not finish within {seconds:g} s: look
 MISSING_NAME = "{label} defines no `{name}`; the kata's API needs it (see the README)"
 MUTATED = "{call} changed its argument `{arg}` in place; a function must not modify its inputs"
 DIAGNOSIS = "this looks like a known mistake: {name}. {why}\n  hint: {hint}"
+SAME_DIAGNOSIS = "this looks like the same known mistake: {name} (explained, with a hint, under \"{check}\")"
+NARROWER = ("your largest error, {error:.3g}, is the size of the reference's own error when it computes in {narrow} on "
+            "these inputs ({theirs:.3g}): does something inside compute in {narrow} rather than {dtype} (a softmax, a "
+            "matmul, a tensor made without dtype=, a .float() or .half())?")
 SUMMARY = "kata {kata}: {passed}/{total} checks pass"
 NEXT_STEP = " — start with task {task}, {name}"
 BUILT_ON = " (the checks test {tasks} through it)"
@@ -194,7 +198,8 @@ def _compare_tensor(expected: torch.Tensor, got, where: str) -> str | None:
 
 
 def tensor_diff(expected: torch.Tensor, got: torch.Tensor, bad: torch.Tensor) -> str:
-    """Small tensors side by side; large ones as max error, first bad index and count."""
+    """Small tensors side by side; large ones as max error, first bad index and count. Floats are printed
+    with as many digits as it takes for every wrong entry to differ from its expected value."""
     first = tuple(int(i) for i in bad.nonzero()[0])
     lines = []
     if expected.is_floating_point():
@@ -202,19 +207,66 @@ def tensor_diff(expected: torch.Tensor, got: torch.Tensor, bad: torch.Tensor) ->
         error = torch.where(torch.isnan(error), torch.full_like(error, math.inf), error)
         worst = tuple(int(i) for i in (error == error.max()).nonzero()[0])
         lines.append(f"    max |error| {error.max().item():.3g} at {list(worst)}")
+    e, g = expected[first].item(), got[first].item()
+    digits = significant_digits([(e, g)]) if expected.is_floating_point() else 6
     lines.append(
-        f"    first bad index {list(first)}: expected {expected[first].item():.6g}, got {got[first].item():.6g}"
+        f"    first bad index {list(first)}: expected {e:.{digits}g}, got {g:.{digits}g}"
         f" ({int(bad.sum())} of {bad.numel()} entries wrong)"
     )
     if expected.numel() <= SHOW_WHOLE:
-        lines.append(f"    expected {_fmt(expected)}")
-        lines.append(f"    got      {_fmt(got)}")
+        pairs = list(zip(expected[bad].tolist(), got[bad].tolist())) if expected.is_floating_point() else []
+        places = decimal_places(pairs)
+        lines.append(f"    expected {_fmt(expected, places)}")
+        lines.append(f"    got      {_fmt(got, places)}")
     return "\n".join(lines)
 
 
-def _fmt(t: torch.Tensor) -> str:
+def largest_error(expected, got) -> float | None:
+    """The largest absolute difference between the float tensors of ``expected`` and ``got`` (a tensor, or
+    dicts, lists and tuples of them, matched entry by entry); None where their shapes do not match."""
+    if isinstance(expected, torch.Tensor):
+        if not (isinstance(got, torch.Tensor) and expected.is_floating_point() and got.is_floating_point()
+                and tuple(got.shape) == tuple(expected.shape)):
+            return None
+        if expected.numel() == 0:
+            return 0.0
+        error = (got.detach().cpu().double() - expected.detach().cpu().double()).abs().max().item()
+        return error if math.isfinite(error) else None
+    if isinstance(expected, dict) and isinstance(got, dict) and expected.keys() == got.keys():
+        pairs = [(expected[k], got[k]) for k in expected]
+    elif isinstance(expected, (tuple, list)) and isinstance(got, (tuple, list)) and len(expected) == len(got):
+        pairs = list(zip(expected, got))
+    else:
+        return None if isinstance(expected, (dict, tuple, list)) else 0.0 if expected == got else None
+    errors = [largest_error(e, g) for e, g in pairs]
+    return None if any(e is None for e in errors) else max(errors, default=0.0)
+
+
+def significant_digits(pairs, least: int = 6) -> int:
+    """The fewest significant digits (at least ``least``, at most 17) that print each (expected, got) pair
+    of floats as two different numbers wherever they are different numbers."""
+    for digits in range(least, 18):
+        if all(f"{a:.{digits}g}" != f"{b:.{digits}g}" for a, b in pairs if _differ(a, b)):
+            return digits
+    return 17
+
+
+def decimal_places(pairs, least: int = 5) -> int:
+    """The fewest decimal places (at least ``least``) that round each differing pair to two different numbers."""
+    for places in range(least, 25):
+        if all(round(a, places) != round(b, places) for a, b in pairs if _differ(a, b) and math.isfinite(a)
+               and math.isfinite(b)):
+            return places
+    return 24
+
+
+def _differ(a: float, b: float) -> bool:
+    return a != b and not (math.isnan(a) and math.isnan(b))
+
+
+def _fmt(t: torch.Tensor, places: int = 5) -> str:
     if t.is_floating_point():
-        return str([round(v, 5) for v in t.flatten().tolist()]) + f" (flattened from {tuple(t.shape)})"
+        return str([round(v, places) for v in t.flatten().tolist()]) + f" (flattened from {tuple(t.shape)})"
     return str(t.tolist())
 
 

@@ -31,6 +31,8 @@ def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0)
     except hangs.NotRun as exc:
         return Result(check, "not-run", exc.message, seconds=time.perf_counter() - started)
     except Failure as failure:
+        if failure.addendum is not None:
+            failure.message, failure.addendum = failure.message + failure.addendum(), None
         failed = Result(check, "fail", failure.message, seconds=time.perf_counter() - started, failure=failure)
         return explain(failed, ctx, mistakes) if mistakes else failed
     except (GraderBug, Exception) as exc:  # not the learner's doing: say so plainly, with the trace
@@ -79,7 +81,8 @@ def mistake_status(ctx: Ctx, mistake, target, check: Check) -> str | None:
 def reconcile(results: list[Result], ctx: Ctx, mistakes) -> list[Result]:
     """``results`` with each named mistake kept only where it agrees with the learner's file on every check
     both were graded on (passing where the file passes, failing where it fails): a name that contradicts
-    another check's verdict names the wrong mistake, and is dropped from every result."""
+    another check's verdict names the wrong mistake, and is dropped from every result. A name kept is
+    explained, with its hint, under the first check that names it; later ones refer to that check."""
     named = {name for r in results for name in r.diagnoses}
     if not named:
         return results
@@ -87,8 +90,6 @@ def reconcile(results: list[Result], ctx: Ctx, mistakes) -> list[Result]:
     verdicts = [(r.check, r.status) for r in results if r.status in ("pass", "fail")]
     wrong = {name for name in named if name not in known
              or any(mistake_status(ctx, *known[name], check) not in (None, status) for check, status in verdicts)}
-    if not wrong:
-        return results
     kept = []
     for r in results:
         if not wrong & set(r.diagnoses):
@@ -98,7 +99,27 @@ def reconcile(results: list[Result], ctx: Ctx, mistakes) -> list[Result]:
         for name in wrong & set(r.diagnoses):
             message = message.replace(_line(known[name][0]), "", 1) if name in known else message
         kept.append(Result(r.check, r.status, message, [n for n in r.diagnoses if n not in wrong], r.seconds, r.failure))
-    return kept
+    return once(kept, {name: known[name][0] for name in named - wrong})
+
+
+def once(results: list[Result], mistakes: dict) -> list[Result]:
+    """Each named mistake's explanation and hint (``mistakes``: name -> mistake) in full under the first check
+    that names it; a later check that names it too says so in one line, naming that first check."""
+    first: dict[str, str] = {}
+    shown = []
+    for r in results:
+        message = r.message
+        for name in r.diagnoses:
+            if name not in mistakes:
+                continue
+            if name not in first:
+                first[name] = r.check.title
+            elif _line(mistakes[name]) in message:
+                message = message.replace(_line(mistakes[name]), "\n  " + report.SAME_DIAGNOSIS.format(
+                    name=name, check=first[name]), 1)
+        shown.append(r if message == r.message else
+                     Result(r.check, r.status, message, r.diagnoses, r.seconds, r.failure))
+    return shown
 
 
 def diagnose(failure: Failure, ctx: Ctx, mistakes, check: Check | None = None) -> list:

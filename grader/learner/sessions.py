@@ -18,12 +18,13 @@ from grader.learner import tools as learner
 from grader.errors import UsageError
 from grader.stubs import pristine_stub
 
-SESSION = "session.json"
+SESSION = state.SESSION
 HISTORY = "history.json"
 FOLDER = "sessions"
 NUMBER = re.compile(r"[-+]?(?:\d[\d_,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 TRIES = 3  # times an answer holding no readable number is asked for
-TYPO = "{line!r} is not one number I can read (write it like 122533 or 122,533, units after it are fine): try again"
+TYPO = ("{line!r} is not {what} I can read (write a number like 12345 or 12,345, units after it are fine; "
+        "several separated by spaces or \", \"): try again")
 
 
 def _path(name: str) -> Path:
@@ -218,7 +219,8 @@ def followups(k: manifest.Kata) -> str:
         return f"kata {k.id} has no follow-up questions."
     lines = ["follow-up questions an interviewer would ask next:"]
     for n, f in enumerate(k.followups, start=1):
-        lines.append(f"  {n}. {f.question}" + ("  [numeric]" if f.value is not None else ""))
+        lines.append(f"  {n}. {f.question}" + ("" if not f.values else "  [numeric]" if len(f.values) == 1
+                                                  else f"  [numeric: {len(f.values)} numbers]"))
     lines.append(f"check the numeric ones with `kvkata quiz {k.id}`; all answers: `kvkata quiz {k.id} --answers`")
     return "\n".join(lines)
 
@@ -227,37 +229,50 @@ def followups(k: manifest.Kata) -> str:
 def parse_number(text: str) -> float | None:
     """The one number of an answer, or None when it is a typo to ask about again: no number,
     several, or a malformed one ("122,53"). Units and words around it are fine ("0.5 GiB"), and so
-    are thousands separators, commas or underscores in groups of three ("122,533")."""
+    are thousands separators, commas or underscores in groups of three ("12,345")."""
+    numbers = parse_numbers(text, 1)
+    return numbers[0] if numbers else None
+
+
+def parse_numbers(text: str, count: int) -> list[float] | None:
+    """The ``count`` numbers of an answer in order, or None when it is a typo to ask about again: another
+    count of numbers, or a malformed one. Units and words around them are fine ("0.5 GiB and 2 GiB")."""
     found = [m.group(0).rstrip(",_") for m in NUMBER.finditer(text or "")]
-    if len(found) != 1:
+    if len(found) != count:
         return None
-    head = re.match(r"[-+]?([\d,_]*)", found[0]).group(1)
-    if not re.fullmatch(r"\d*|\d{1,3}(,\d{3})+|\d{1,3}(_\d{3})+", head):
-        return None
-    try:
-        return float(found[0].replace(",", "").replace("_", ""))
-    except ValueError:
-        return None
+    numbers = []
+    for number in found:
+        head = re.match(r"[-+]?([\d,_]*)", number).group(1)
+        if not re.fullmatch(r"\d*|\d{1,3}(,\d{3})+|\d{1,3}(_\d{3})+", head):
+            return None
+        try:
+            numbers.append(float(number.replace(",", "").replace("_", "")))
+        except ValueError:
+            return None
+    return numbers
 
 
-def right(f: manifest.FollowUp, answer: float | None) -> bool:
-    if answer is None:
+def right(f: manifest.FollowUp, answer) -> bool:
+    """Whether ``answer`` (the numbers given, in order; one number alone is accepted) is every number asked."""
+    answer = [answer] if isinstance(answer, (int, float)) else answer
+    if answer is None or len(answer) != len(f.values):
         return False
     if f.tolerance:
-        return abs(answer - f.value) <= f.tolerance * abs(f.value)
-    return math.isclose(answer, f.value, rel_tol=1e-9, abs_tol=1e-12)
+        return all(abs(a - v) <= f.tolerance * abs(v) for a, v in zip(answer, f.values))
+    return all(math.isclose(a, v, rel_tol=1e-9, abs_tol=1e-12) for a, v in zip(answer, f.values))
 
 
-def _answer(ask, say, prompt: str) -> tuple[str | None, float | None]:
-    """(the line, its number): a line that holds no readable number is asked again, up to
-    ``TRIES`` times in all; (None, None) when the input ends."""
+def _answer(ask, say, prompt: str, count: int = 1) -> tuple[str | None, list[float] | None]:
+    """(the line, its ``count`` numbers): a line that does not hold that many readable numbers is asked
+    again, up to ``TRIES`` times in all; (None, None) when the input ends."""
+    what = "one number" if count == 1 else f"{count} numbers"
     line = ask(prompt)
     for _ in range(TRIES - 1):
-        if line is None or parse_number(line) is not None:
+        if line is None or parse_numbers(line, count) is not None:
             break
-        say(TYPO.format(line=line.strip()))
+        say(TYPO.format(line=line.strip(), what=what))
         line = ask("> ")
-    return line, (None if line is None else parse_number(line))
+    return line, (None if line is None else parse_numbers(line, count))
 
 
 def quiz(k: manifest.Kata, ask, say) -> int:
@@ -270,12 +285,14 @@ def quiz(k: manifest.Kata, ask, say) -> int:
         return 0
     score = 0
     for n, f in enumerate(numeric, start=1):
-        line, answer = _answer(ask, say, f"question {n} of {len(numeric)}: {f.question}\n> ")
+        asked = "" if len(f.values) == 1 else f" ({len(f.values)} numbers, in the order asked)"
+        line, answer = _answer(ask, say, f"question {n} of {len(numeric)}: {f.question}{asked}\n> ", len(f.values))
         score += right(f, answer)
         if line is None:
             verdict = "no answer"
         elif answer is None:
-            verdict = f"no number in {line.strip()!r}"
+            verdict = f"no number in {line.strip()!r}" if len(f.values) == 1 else \
+                f"not {len(f.values)} numbers in {line.strip()!r}"
         else:
             verdict = "right" if right(f, answer) else f"not quite (you said {line.strip()!r})"
         say(f"{verdict}. {f.answer}\n")

@@ -93,9 +93,10 @@ def forget_results(kata_id: str) -> None:
 
 
 # -- hints ----------------------------------------------------------------------------------
-def hint_text(k: manifest.Kata, numbers: range) -> str:
+def hint_text(k: manifest.Kata, numbers: range, task: int | None = None) -> str:
     total = len(k.hints)
-    parts = [f"hint {n} of {total} for kata {k.id} ({k.title}):\n" + _indent(k.hints[n - 1]) for n in numbers]
+    about = f", about task {task}, where your latest run fails first" if task is not None else ""
+    parts = [f"hint {n} of {total} for kata {k.id} ({k.title}{about}):\n" + _indent(k.hints[n - 1]) for n in numbers]
     return "\n\n".join(parts)
 
 
@@ -103,27 +104,40 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def next_hint(k: manifest.Kata, shown: int, show_all: bool) -> tuple[str, int]:
-    """The text to print and the new count of hints shown, given ``shown`` so far."""
+def next_hint(k: manifest.Kata, shown: int, show_all: bool, task: int | None = None) -> tuple[str, int]:
+    """The text to print and the new count of hints shown, given ``shown`` so far. ``task``: the task the
+    latest run points at; the ladder jumps to the first hint about it when that one was not shown yet."""
     total = len(k.hints)
     if total == 0:
         return f"kata {k.id} has no hints.", 0
     if show_all:
         return hint_text(k, range(1, total + 1)), total
+    about = next((n for n, tasks in enumerate(k.hint_tasks, start=1) if task in tasks), None)
+    if about is not None and about > shown:
+        shown = about - 1
+    else:
+        about = None
     if shown >= total:
         return (f"all {total} hints of kata {k.id} are shown already:\n\n" + hint_text(k, range(1, total + 1)), total)
     shown += 1
     more = total - shown
     tail = f"\n\n({more} more: run the same command again)" if more else "\n\n(that was the last hint)"
-    return hint_text(k, range(shown, shown + 1)) + tail, shown
+    return hint_text(k, range(shown, shown + 1), task if about else None) + tail, shown
+
+
+def failing_task(k: manifest.Kata) -> int | None:
+    """The task the board's latest run of ``k`` points at ("start with task N"), if it failed."""
+    task = saved_results().get(k.id, {}).get("first_task")
+    return task if isinstance(task, int) and not isinstance(task, bool) else None
 
 
 def hint(k: manifest.Kata, show_all: bool = False) -> str:
-    """The learner's next hint of ``k``; the count shown is remembered in the state folder."""
+    """The learner's next hint of ``k``, opening at the hint about the task the latest run fails first; the
+    count shown is remembered in the state folder."""
     path = state.state_dir() / HINTS
     counts = state.read_json(path, {})
     counts = counts if isinstance(counts, dict) else {}
-    text, counts[k.id] = next_hint(k, int(counts.get(k.id, 0) or 0), show_all)
+    text, counts[k.id] = next_hint(k, int(counts.get(k.id, 0) or 0), show_all, failing_task(k))
     state.write_json(path, counts)
     return text
 

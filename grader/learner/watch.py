@@ -67,8 +67,9 @@ def prime(k: manifest.Kata) -> None:
 
 # -- what the learner sees --------------------------------------------------------------------
 class Verdict:
-    """Shows a grading's events as they come: the first failing check in full (then its diagnosis),
-    every further failing check in one line, the checks not run once, then the board line."""
+    """Shows a grading's events as they come: the first failing check in full, every further failing check
+    in one line, the first one's diagnosis once it is known (headed by that check's title when other lines
+    came between), the checks not run once, then the board line."""
 
     def __init__(self, k: manifest.Kata, first: str | None, say):
         from grader import checks
@@ -78,6 +79,7 @@ class Verdict:
         self.results: dict[str, object] = {}
         self.shown: str | None = None  # the failing check shown in full
         self.grouped: dict[str, int] = {}  # one line, at the end, for the checks with the same message
+        self.said_since = 0  # lines said since the failing check shown in full (its diagnosis comes later)
 
     def show(self, event: dict) -> None:
         from grader.engine import Result
@@ -88,21 +90,28 @@ class Verdict:
         r = Result(check, event["status"], event["message"], event["diagnoses"], event["seconds"])
         before, self.results[check.id] = self.results.get(check.id), r
         if kind == "explained":
-            extra = r.message[len(before.message):] if before is not None else r.message
-            self.say("\n".join("      " + line.strip() for line in extra.splitlines() if line.strip()))
+            extra = [line.strip() for line in (r.message[len(before.message):] if before is not None
+                                               else r.message).splitlines() if line.strip()]
+            if extra and self.said_since:  # other lines came between: say which check it belongs to
+                self.say(f"  {render.mark(r.status)} {check.title} (shown in full above):")
+            if extra:
+                self.say("\n".join("      " + line for line in extra))
+            self.said_since = 0
         elif r.status == "pass":
             if check.id == self.first:
                 self.say(f"  ✓ {check.title} — passes now")
+                self.said_since += 1
         elif r.status in ("not-run", "not-implemented"):
             self.grouped[r.message] = self.grouped.get(r.message, 0) + 1
         elif self.shown is None:
-            self.shown = check.id
+            self.shown, self.said_since = check.id, 0
             self.say("\n".join("  " + line for line in render.result_lines([r])))
         elif r.message == self.results[self.shown].message:  # a file that would not load, say
             same = f"fail the same way: {r.message.splitlines()[0]}"
             self.grouped[same] = self.grouped.get(same, 0) + 1
         else:
             self.say("  " + render.result_lines([r], verbose=False)[0])
+            self.said_since += 1
 
     def finish(self, seconds: float) -> list:
         """The board line; the results in the kata's order."""

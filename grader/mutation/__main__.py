@@ -1,5 +1,7 @@
 """``python -m grader.mutation [NN ...]``: mutate the references, grade each mutant, report (every kata
-when none is named)."""
+when none is named). A complete run of a kata (no ``--only``) is recorded with the fingerprint of what decided
+it in grader/mutation_proofs.json; ``--report`` renders every recorded kata. ``--stale`` names the katas whose
+record no longer matches their inputs, and grades nothing."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +9,7 @@ import sys
 from pathlib import Path
 
 from grader import manifest
-from grader.mutation import runner, summary
+from grader.mutation import proof, runner, summary
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -18,6 +20,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", help="only the mutants whose id contains this text")
     p.add_argument("--timeout", type=float, help="seconds a mutant may run (default: from the reference's time)")
     p.add_argument("--list", action="store_true", help="list the mutants' ids and grade nothing")
+    p.add_argument("--stale", action="store_true",
+                   help="name the katas whose recorded run no longer matches what decides it, and grade nothing")
+    p.add_argument("--render", action="store_true",
+                   help="write --report from the recorded runs of every kata, and grade nothing")
+    p.add_argument("--proofs", type=Path, default=proof.PROOFS, help=argparse.SUPPRESS)
     p.add_argument("--verbose", "-v", action="store_true", help="one line per mutant as it is graded")
     return p
 
@@ -43,6 +50,13 @@ class _Progress:
             print(file=sys.stderr)
 
 
+def _write_report(path: Path, records: dict, listed: dict, only: str | None) -> None:
+    command = " ".join(["python -m grader.mutation", *records] + ([f"--only {only!r}"] if only else []))
+    path.write_text(f"# Mutation testing of the references\n\nReproduce: `{command}`. Each kata's fingerprint hashes "
+                    f"what decided its run (grader/mutation/proof.py).\n\n{summary.render(records, listed)}",
+                    encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.jobs < 1:
@@ -53,13 +67,24 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"katas: expected ids among {', '.join(known)}, got {', '.join(unknown)}")
     args.katas = args.katas or known
     listed = summary.equivalents()
+    if args.render:
+        if not args.report:
+            raise SystemExit("--render: expected --report PATH too")
+        _write_report(args.report, proof.load(args.proofs), listed, None)
+        return 0
+    if args.stale:
+        fingerprints = {k: proof.fingerprint(k, equivalents=listed) for k in args.katas}
+        old = proof.stale(args.katas, proof.load(args.proofs), fingerprints)
+        print(f"stale: {' '.join(old)}\nrefresh: {proof.refresh_command(old)}" if old else "every recorded run is current")
+        return 0
     if args.list:
         for kata_id in args.katas:
             for m in runner.kata_mutants(manifest.get(kata_id), args.only):
                 print(f"{kata_id}\t{m.id}")
         return 0
-    results = []
+    results, records = [], {}
     for kata_id in args.katas:
+        decided_by = proof.fingerprint(kata_id, equivalents=listed)  # before the run: what it grades
         progress = _Progress(kata_id, len(runner.kata_mutants(manifest.get(kata_id), args.only)))
 
         def show(o, kata_id=kata_id, progress=progress):
@@ -70,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = runner.run(kata_id, jobs=args.jobs, only=args.only, timeout=args.timeout, on_outcome=show)
         progress.done()
         results.append(summary.figures(kata_id, outcomes, listed, complete=args.only is None))
-    text = summary.render(results, listed)
-    print(text, end="")
+        records[kata_id] = summary.record(results[-1], decided_by)
+    print(summary.render(records, listed), end="")
+    if args.only is None:
+        proof.save(records, args.proofs)
     if args.report:
-        command = " ".join(["python -m grader.mutation", *args.katas] + ([f"--only {args.only!r}"] if args.only else []))
-        args.report.write_text(f"# Mutation testing of the references\n\nReproduce: `{command}`\n\n{text}", encoding="utf-8")
+        _write_report(args.report, proof.load(args.proofs) if args.only is None else records, listed, args.only)
     return 0 if all(not (f.surviving or f.stale or f.gone) for f in results) else 1
 
 

@@ -53,22 +53,39 @@ def figures(kata_id: str, outcomes: list, listed: dict[tuple[str, str], str], co
                        sorted(o.mutant.id for o in equivalent), gone)
 
 
-def render(all_figures: list[KataFigures], listed: dict[tuple[str, str], str]) -> str:
-    """A Markdown report: the table per kata, then every surviving mutant (equivalent ones with their reason)."""
-    lines = ["| kata | mutants | killed | equivalent | surviving | killed / non-equivalent |",
-             "|---|---|---|---|---|---|"]
-    for f in all_figures:
-        lines.append(f"| {f.kata} | {f.mutants} | {f.killed} | {f.equivalent} | {len(f.surviving)} | "
-                     f"{f.killed}/{f.mutants - f.equivalent} = {f.score:.1%} |")
-    for f in all_figures:
+def record(f: KataFigures, fingerprint: str) -> dict:
+    """The figures of a complete run as plain data, with the fingerprint of what decided them
+    (grader.mutation.proof)."""
+    return {"fingerprint": fingerprint, "mutants": f.mutants, "killed": f.killed, "equivalent": f.equivalent,
+            "surviving": [[o.mutant.id, o.mutant.line] for o in f.surviving],
+            "stale": [[o.mutant.id, o.how] for o in f.stale], "gone": list(f.gone), "reviewed": list(f.reviewed)}
+
+
+def passed(rec: dict) -> bool:
+    """A run that proves its kata's checks: every non-equivalent mutant killed, the reviewed list exact."""
+    return not (rec["surviving"] or rec["stale"] or rec["gone"])
+
+
+def render(records: dict[str, dict], listed: dict[tuple[str, str], str]) -> str:
+    """A Markdown report from complete runs' records (kata id -> grader.mutation.summary.record): the table
+    per kata, then every surviving mutant (equivalent ones with their reason)."""
+    lines = ["| kata | mutants | killed | equivalent | surviving | killed / non-equivalent | fingerprint |",
+             "|---|---|---|---|---|---|---|"]
+    for kata, r in records.items():
+        judged = r["mutants"] - r["equivalent"]
+        score = r["killed"] / judged if judged else 1.0
+        lines.append(f"| {kata} | {r['mutants']} | {r['killed']} | {r['equivalent']} | {len(r['surviving'])} | "
+                     f"{r['killed']}/{judged} = {score:.1%} | `{r['fingerprint']}` |")
+    for kata, r in records.items():
         sections = [
-            ("surviving, not listed as equivalent", [f"`{o.mutant.id}` (line {o.mutant.line})" for o in f.surviving]),
-            ("listed as equivalent but killed (remove from the list)", [f"`{o.mutant.id}`: {o.how}" for o in f.stale]),
+            ("surviving, not listed as equivalent", [f"`{m}` (line {line})" for m, line in r["surviving"]]),
+            ("listed as equivalent but killed (remove from the list)", [f"`{m}`: {how}" for m, how in r["stale"]]),
             ("listed as equivalent but no longer a mutant of the reference (remove from the list)",
-             [f"`{m}`" for m in f.gone]),
-            ("equivalent mutants (reviewed)", [f"`{m}`: {listed[(f.kata, m)]}" for m in f.reviewed]),
+             [f"`{m}`" for m in r["gone"]]),
+            ("equivalent mutants (reviewed)", [f"`{m}`: {listed.get((kata, m), '(no longer listed)')}"
+                                               for m in r["reviewed"]]),
         ]
         for title, items in sections:
             if items:
-                lines += ["", f"Kata {f.kata}: {title}:"] + [f"- {item}" for item in items]
+                lines += ["", f"Kata {kata}: {title}:"] + [f"- {item}" for item in items]
     return "\n".join(lines) + "\n"

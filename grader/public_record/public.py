@@ -20,11 +20,11 @@ import torch
 
 from grader import manifest
 from grader.engine.plain import exception_class, rebuild_exception
+from grader.public_record.records import record_path
 from grader.public_record.tape_keys import PUBLIC_SEED, entry_key, fingerprint
 from grader.engine.core import UNSET, Ctx, Failure, GraderBug, Unrecorded, _site, run_body
 from grader.engine.targets import Target
 
-RECORD_DIR = manifest.PACKAGE_DIR / "public"
 HEADER = ("public checks: {n} of {m}; your instructor's grading runs all {m}, on inputs you have not seen")
 OFF_RECORD = ("your code's results led this check to ask the reference something its public record does not hold "
               "({why}): your code behaves differently from the reference before this point")
@@ -44,7 +44,7 @@ class KnownMistake:
 @lru_cache(maxsize=None)
 def load(kata_id: str) -> dict | None:
     """The kata's public record, or None where there is none (the full repository)."""
-    path = RECORD_DIR / f"{kata_id}.pt"
+    path = record_path(kata_id)
     if not path.is_file():
         return None
     return torch.load(path, map_location="cpu", weights_only=True)

@@ -10,8 +10,10 @@ this process owns on port 0 (the OS picks a free port, no race) with a fresh Pre
 blocked receive. No process is ever signalled (the sandbox of ``kvkata grade`` forbids it): a child
 that raised leaves at once, so its peer's next receive fails within milliseconds; a child that
 finished waits for the parent's word, so it never closes its sockets under a peer still receiving;
-a child still running at the deadline ends itself (``faulthandler``'s timer, which also prints where
-it was). Exceptions come back as text: the type, the message, the formatted traceback, and the
+every child leaves, silently, the moment the parent closes that word's pipe (``run_pair`` returns:
+it has both outcomes, or has stopped waiting for one), so none outlives the grading or prints after
+it; a child whose parent is stuck too ends itself at the deadline (``faulthandler``'s timer, which
+also prints where it was). Exceptions come back as text: the type, the message, the formatted traceback, and the
 innermost function that raised (a stub's name).
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import pickle
 import select
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -79,6 +82,8 @@ def _child(rank: int, fn: Callable, port: int, prefix: str, out: int, go: int, d
     code = 0
     try:
         torch.set_num_threads(1)  # first: a forked child with the parent's thread pool deadlocks in matmul
+        threading.stack_size(1 << 16)  # a small stack: a sandbox's address-space limit must not refuse the thread
+        threading.Thread(target=_leave_with_the_parent, args=(go,), daemon=True).start()
         faulthandler.dump_traceback_later(deadline, exit=True, file=2)  # a compute loop says where it was (fd 2:
         # a notebook kernel's sys.stderr has no file descriptor), then ends
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -103,6 +108,18 @@ def _child(rank: int, fn: Callable, port: int, prefix: str, out: int, go: int, d
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _leave_with_the_parent(go: int) -> None:
+    """In a child: once the parent closes ``go`` (it has every outcome it waits for, or gave up on this one),
+    leave at once and silently, wherever the rank is (joining the group, a receive, a loop): a child left
+    behind would print its timeout's trace after the parent's report and outlive it by gloo's timeout."""
+    try:
+        while os.read(go, 1):
+            pass
+    except OSError:
+        pass
+    os._exit(0)
 
 
 def _read(fd: int, pid: int) -> Outcome:
