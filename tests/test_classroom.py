@@ -22,6 +22,7 @@ from conftest import K01, KATAS, copy_repo, kvkata, slow, usage_error
 from grader import checks, grade, manifest, mistakes
 from grader.errors import UsageError
 from grader.engine import plain, run_check, targets
+from grader.classroom.cohort import sandbox
 from grader.classroom.cohort.record import RecordingCtx
 from grader.classroom.cohort.replay import NO_RECORD, ReplayCtx
 
@@ -150,7 +151,7 @@ def test_grade_gives_every_submission_an_honest_row(graded):
     total = str(len(checks.for_kata("01").all))
     expect = {"flood": "pass", "untouched": "not-started", "empty": "not-started", "mistake": "fail",
               "sysexit": "crash", "exits": "crash", "hang": "timeout", "memory": "fail", "tamperer": "tampered",
-              "copier": "crash", "liar": "fail"}
+              "copier": "tampered", "liar": "fail"}  # a refused read is tampering, even when the import then crashed
     assert {name: row["status"] for name, row in rows.items()} == expect
     assert all(row["kata"] == "01" and row["total"] == total for row in rows.values())
     assert rows["flood"]["passed"] == total and "printed" in rows["flood"]["note"]
@@ -161,7 +162,8 @@ def test_grade_gives_every_submission_an_honest_row(graded):
     assert "code 3" in rows["exits"]["note"]
     assert int(rows["liar"]["passed"]) < int(total)
     assert list(rows["flood"]) == ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds",
-                                   "points", "max_points", "submitted", "late"]
+                                   "points", "max_points", "submitted", "late", "isolation"]
+    assert {row["isolation"] for row in rows.values()} == {sandbox.walls()["isolation"]}
     progress = [line for line in ran.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == len(rows)
     assert "checks failed" in ran.stdout and MISTAKE.name in ran.stdout
@@ -260,9 +262,9 @@ def _grade_one(tmp_path, source: str, **settings) -> dict:
 
 
 def test_a_grader_that_cannot_start_is_never_charged_to_the_student(tmp_path, monkeypatch):
-    from grader.classroom.cohort import sandbox as cohort
+    from grader.classroom.cohort import launch
 
-    monkeypatch.setattr(cohort, "WORKER", "grader.no_such_worker")  # as a broken install would fail
+    monkeypatch.setattr(launch, "WORKER", "grader.no_such_worker")  # as a broken install would fail
     row = _grade_one(tmp_path, REFERENCE)
     assert row["status"] == "grader-error" and row["passed"] == 0, row
     assert "could not start" in row["note"] and "no_such_worker" in row["note"], row["note"]
@@ -530,3 +532,41 @@ def test_written_files_take_the_mode_the_umask_gives(tmp_path):
         finally:
             os.umask(old)
         assert stat.S_IMODE((tmp_path / f"f{mask:o}").stat().st_mode) == mode
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can become another user")
+def test_a_worker_run_by_root_becomes_a_user_who_owns_nothing(tmp_path):
+    from grader.classroom.cohort import confine
+
+    secret = tmp_path / "root-only"
+    secret.write_text("instructor's")
+    secret.chmod(0o600)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            confine.drop(confine.UNPRIVILEGED)
+            try:
+                secret.read_text()
+            except PermissionError:
+                code = 0 if os.getuid() == confine.UNPRIVILEGED and os.getgroups() == [] else 2
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_a_worker_is_dropped_only_where_it_can_still_read_what_it_runs(tmp_path):
+    from grader.classroom.cohort import confine
+
+    (tmp_path / "open" / "lib").mkdir(parents=True)
+    (tmp_path / "open" / "lib" / "module.py").write_text("")
+    (tmp_path / "closed" / "lib").mkdir(parents=True)
+    (tmp_path / "closed" / "lib" / "module.py").write_text("")
+    for folder in (tmp_path, tmp_path / "open", tmp_path / "open" / "lib", tmp_path / "closed" / "lib"):
+        folder.chmod(0o755)
+    (tmp_path / "closed").chmod(0o700)
+    (tmp_path / "open" / "lib" / "module.py").chmod(0o644)
+    reachable = all(os.stat(p).st_mode & 0o001 for p in tmp_path.parents)
+    assert confine.reachable_by_others(str(tmp_path / "open" / "lib" / "module.py")) == reachable
+    assert not confine.reachable_by_others(str(tmp_path / "closed" / "lib" / "module.py"))
+    (tmp_path / "open" / "lib" / "module.py").chmod(0o600)
+    assert not confine.reachable_by_others(str(tmp_path / "open" / "lib" / "module.py"))

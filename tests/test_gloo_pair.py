@@ -69,3 +69,18 @@ def test_a_rank_left_behind_leaves_with_the_grading_and_prints_nothing(tmp_path,
     time.sleep(1.5)  # past the child's own deadline (1.5 s + 1 s): a dump would have been printed by now
     err = capfd.readouterr().err
     assert "Timeout" not in err and "Traceback" not in err, err
+
+
+def test_a_rank_that_reaches_a_function_that_hung_makes_the_check_not_run():
+    """In one process a call to a function that hung earlier raises NotRun, and the check is not run; a
+    rank that reaches one says the same, never an error of the learner's."""
+    from grader.engine.hangs import NotRun
+
+    def stopped():
+        raise NotRun("not run: it calls `prefill_worker`, which did not finish")
+    try:
+        gloo.run_pair(stopped, _recv)
+    except NotRun as exc:
+        assert "prefill_worker" in exc.message
+    else:
+        raise AssertionError("run_pair returned instead of raising NotRun")

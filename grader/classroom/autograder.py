@@ -83,6 +83,8 @@ root="${KVKATA_AUTOGRADER_ROOT:-/autograder}"
 RUN_AUTOGRADER = """\
 #!/usr/bin/env bash
 # Gradescope runs this for every submission. It always leaves results/results.json behind.
+# One block, read whole before it runs: bash reads a script as it goes, and a changed file changes nothing.
+{
 root="${KVKATA_AUTOGRADER_ROOT:-/autograder}"
 python="$root/venv/bin/python"
 [ -x "$python" ] || python=python3
@@ -91,6 +93,8 @@ if [ ! -s "$root/results/results.json" ]; then
   mkdir -p "$root/results"
   printf '%s\\n' '{"score": 0, "output": "The autograder itself could not run, so nothing was graded (not your fault): please tell your instructor.", "tests": []}' > "$root/results/results.json"
 fi
+exit 0
+}
 """
 
 
@@ -226,14 +230,35 @@ def grade_submission(root: Path) -> dict:
             notes.append("no kata file was found in the submission: upload "
                          + ", ".join(f"katas/{k.id}/{k.file}" for k in katas))
         rows = cohort.grade_all(jobs, cohort.Settings(timeout=settings["timeout"], memory_mb=settings["memory_mb"],
-                                                      jobs=min(2, os.cpu_count() or 1)))
+                                                      jobs=min(2, os.cpu_count() or 1),
+                                                      seed=settings.get("seed", 0)))
+    walls = cohort.walls()
+    notes.append(f"isolation: {walls['isolation']}" + (f" (without {walls['missing']})" if walls["missing"] else ""))
     return results_json(rows, settings, time.monotonic() - started, notes)
+
+
+def close_to_workers(root: Path) -> None:
+    """Run as root (as on Gradescope), workers become users who own nothing (grader.classroom.cohort.confine):
+    the results, the references, the mistakes and the hidden checks are root's alone, and so is this script."""
+    if os.geteuid() != 0:
+        return
+    (root / "results").mkdir(parents=True, exist_ok=True)
+    for folder in (root / "results", root / "source" / "solutions", root / "source" / "grader" / "mistakes",
+                   root / "source" / "grader" / "checks"):
+        if folder.is_dir():
+            os.chown(folder, 0, 0)
+            os.chmod(folder, 0o700)
+    script = root / "source" / "run_autograder"
+    if script.is_file():
+        os.chown(script, 0, 0)
+        os.chmod(script, 0o755)
 
 
 def run(root: Path) -> int:
     """Grade ``root/submission`` into ``root/results/results.json``, which is written whatever happens."""
     out = root / "results" / "results.json"
     try:
+        close_to_workers(root)
         data = grade_submission(root)
     except BaseException as exc:  # never leave Gradescope without a results file
         traceback.print_exc()

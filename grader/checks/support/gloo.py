@@ -34,6 +34,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from grader.engine.hangs import NotRun
+
 PG_TIMEOUT = 10.0  # seconds a receive may wait for its peer before gloo gives up
 GRACE = 2.0  # seconds the peer of a failed rank has to report (its receive fails within milliseconds)
 DEADLINE = 20.0  # seconds a whole pair may take; a child still running then ends itself
@@ -145,13 +147,17 @@ def run_pair(rank0: Callable, rank1: Callable, deadline: float = DEADLINE) -> li
                 _child(rank, fn, port, prefix, write, go_read, deadline + 1.0)
             os.close(write)
             outs[read], pids = rank, pids + [pid]
-        return _collect(outs, pids, deadline)
+        outcomes = _collect(outs, pids, deadline)
     finally:
         os.close(go_write)  # every child that waits may leave now
         os.close(go_read)
         for fd in outs:
             os.close(fd)
         _reap(pids)
+    stopped = [o for o in outcomes if o.status == "raised" and o.error == NotRun.__name__]
+    if stopped:  # a rank called a function that hung in an earlier check: this check is not run, as in one process
+        raise NotRun(stopped[0].message)
+    return outcomes
 
 
 def _collect(outs: dict, pids: list[int], deadline: float) -> list[Outcome]:

@@ -158,6 +158,8 @@ def grade(paths: list[str], settings: cohort.Settings, chosen: Choice | None = N
     if progress:
         progress(f"grading {len(jobs)} submission × kata pair(s), {settings.jobs} at a time, "
                  f"{settings.timeout:g} s each at most")
+    settings.reports = [str(Path(p).resolve()) for p in (out.csv, out.json, out.junit, out.gradebook, out.feedback)
+                        if p]  # out of every worker's reach
     rows = cohort.grade_all(jobs, settings, progress)
     stamp(rows, jobs, due)
     recorded = {**vars(settings), "due": due.isoformat() if due else None, "points": points_spec}

@@ -33,14 +33,25 @@ def _strings(value) -> set[str]:
 
 
 def _read(path):
-    """A record, None when absent, or {"unreadable": why} when it is not plain data."""
-    if not path.exists():
+    """A record, None when absent or empty (the worker never wrote it), or {"unreadable": why} when it is
+    not plain data."""
+    if not path.exists() or path.stat().st_size == 0:
         return None
     try:
         data = plain.load(path)
     except Exception as exc:
         return {"unreadable": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     return data if isinstance(data, dict) else {"unreadable": "not a record"}
+
+
+def _caught(path) -> set[str]:
+    """What the worker's guard caught as it happened (its first lines; a submission can only accuse itself)."""
+    try:
+        with open(path, "rb") as log:
+            text = log.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return set()
+    return {line.strip() for line in text.splitlines()[:20] if line.strip()}
 
 
 def judge_check(check, record: dict, settings, kata: manifest.Kata, others: dict | None = None,
@@ -81,7 +92,7 @@ def results(run, settings, memo=None) -> tuple[list[Result], list[str], dict | N
     kata = run.job.kata
     out = run.sandbox / "out"
     load, done = _read(out / "load.pt"), _read(out / "done.pt")
-    found = _strings((load or {}).get("tamper")) | _strings((done or {}).get("tamper"))
+    found = _strings((load or {}).get("tamper")) | _strings((done or {}).get("tamper")) | _caught(out / "tamper.txt")
     made, kata_checks = [], checks.for_kata(kata.id).all
     records = [_read(out / f"check-{index:03d}.pt") for index in range(len(kata_checks))]
     others = {c.id: r for c, r in zip(kata_checks, records)
@@ -117,14 +128,14 @@ def startup_failure(run) -> str:
 
 
 def status_and_note(run, made: list[Result], tamper: list[str], load: dict | None, finished: bool) -> tuple[str, str]:
+    if tamper:  # its own status, whatever happened next (a crash, a timeout): every check of the kata fails for it
+        return "tampered", report.clip("tampered with the grader: " + "; ".join(tamper), NOTE_LIMIT)
     if run.timed_out:
         return "timeout", f"stopped at the time limit after {run.seconds:.0f} s"
     if load and "error" in load:
         return "crash", report.clip((str(load["error"]).splitlines() or ["could not import the file"])[0], NOTE_LIMIT)
     if not finished:
         return "crash", f"the process {_how(run)} before finishing"
-    if tamper:  # its own status: not a wrong answer, and every check of the kata fails for it
-        return "tampered", report.clip("tampered with the grader: " + "; ".join(tamper), NOTE_LIMIT)
     hung = [r for r in made if r.status == "timeout"]
     if hung:
         not_run = sum(r.status == "not-run" for r in made)
@@ -157,6 +168,8 @@ def row(run, settings, memo=None) -> dict:
     status, note = status_and_note(run, made, tamper, load, finished)
     if run.output_bytes > len(run.output):
         note = (note + "; " if note else "") + f"printed {run.output_bytes} bytes (kept the first {len(run.output)})"
+    if run.leftovers:
+        note = (note + "; " if note else "") + f"left {run.leftovers} process(es) running, killed"
     entry = _row(run.job, made, status, note, run.seconds)
     entry["output"] = run.output.decode("utf-8", errors="replace")
     return entry

@@ -6,12 +6,12 @@ a passing one. This module is the recording half; grader.classroom.cohort.replay
 runs as usual and draws the same examples, but nothing a reference would decide is decided there:
 what the learner's code hands to ``ctx.differential``, and what each of the learner's functions
 returns (or raises, or changes in its arguments), is written down as plain data (grader.engine.plain).
-A failing body is written down too, and generation goes on, so the record holds every input the
-replay side can ask for until its first failure. Where an input failed, the ``forall`` runs again
-as a local run would, Hypothesis told of each failure (``differential`` compares with the reference
-here too, for that alone), so it shrinks as ``pytest katas/NN`` does and the record holds every
-input it tried: the replay side, told the same, shrinks to the same input and names the same
-mistake. A learner's code that fooled this comparison only gets a less shrunk input shown.
+Each ``forall`` runs as a local run does, Hypothesis told of each failure (``differential`` compares
+with the reference here too, for that alone): it stops at the first failing input and shrinks it as
+``pytest katas/NN`` does, in the same time, and the record holds every input it tried, so the
+replay side, told the same, reaches the same failing input, shrinks to the same one and names the
+same mistake. A learner's code that fooled this comparison only gets a less shrunk input shown; one
+that failed here where the replay side passes finds the next inputs missing, and fails there.
 
 *Replay* runs in a process that never executes the learner's code and judges from the record.
 The record crosses over as a ``torch.save`` file read with ``weights_only=True``: data only.
@@ -43,23 +43,14 @@ class RecordingCtx(Ctx):
         self.t = _RecordingApi(self)
 
     def forall(self, strategy, body, max_examples: int = 20) -> None:
-        """Record every input generation draws; then, where one failed, shrink as a local run does
-        (Hypothesis told of each failure), recording the inputs it tries, so the replay side shrinks
-        to the same smallest failing input ``pytest katas/NN`` shows, with the same diagnosis."""
-        calls = self.calls
-        super().forall(strategy, self._recorded(body), max_examples)
-        number = self.bodies
-        if not any(key.startswith(f"{number}:") and (e.get("outcome") or {}).get("kind") == "fail"
-                   for key, e in self.executions.items()):
-            return
-        after = self.calls  # the shrinking run is the same call again, as the replay side counts it
-        seen, self.calls = list(self.seen.get(after, [])), calls
+        """Run the inputs as a local run does, Hypothesis told of each failure (the comparison made here
+        for that alone), so it stops generating at the first failing input and shrinks it as
+        ``pytest katas/NN`` does, in the same time; every input tried is recorded, so the replay side,
+        told the same, shrinks to the same smallest failing input with the same diagnosis."""
         try:
-            Ctx.forall(self, strategy, self._recorded(body, number, shrink=True), max_examples)
+            super().forall(strategy, self._recorded(body, shrink=True), max_examples)
         except Failure:
             pass  # the verdict is the replay side's
-        finally:
-            self.calls, self.seen[after] = after, seen
 
     def case(self, example: dict, body) -> None:
         super().case(example, self._recorded(body))

@@ -17,7 +17,7 @@ from grader import manifest, state
 from grader.classroom.choice import number
 
 CSV_COLUMNS = ["submission", "kata", "passed", "total", "status", "diagnosis", "note", "seconds", "points",
-               "max_points", "submitted", "late"]
+               "max_points", "submitted", "late", "isolation"]
 SKIPPED = ("not-implemented", "not-run")  # JUnit <skipped>: the check gave no verdict on the student's code
 ERRORS = ("error",)  # JUnit <error>: the grader failed, not the student
 MARK = {"pass": "✅", "fail": "❌", "timeout": "⏱", "not-implemented": "⬜", "not-run": "⬜", "error": "⚠"}
@@ -44,7 +44,8 @@ def write_junit(rows: list[dict], path: Path) -> None:
     """JUnit XML: a test suite per submission, a test case per kata × check; each suite's ``tests``,
     ``failures``, ``errors`` and ``skipped`` count its ``<testcase>``, ``<failure>``, ``<error>`` and
     ``<skipped>`` elements."""
-    suites = ET.Element("testsuites", name="kvkata")
+    suites = ET.Element("testsuites", name="kvkata",
+                        isolation=", ".join(dict.fromkeys(r.get("isolation", "") for r in rows)))
     for submission in dict.fromkeys(r["submission"] for r in rows):
         mine = [r for r in rows if r["submission"] == submission]
         cases = [(r, c) for r in mine for c in r["checks"]]

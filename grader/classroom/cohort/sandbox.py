@@ -1,8 +1,9 @@
 """Grading many submissions, each isolated: the engine of ``kvkata grade``.
 
 Each submission × kata runs in a worker process of its own (grader.classroom.cohort.worker) with a time
-limit, a memory limit and an audit hook, in parallel, in a sandbox folder holding a copy of the
-submitted file. Workers are forked from a warm server that has imported torch and the grader once
+limit, a memory limit, the kernel's walls (grader.classroom.cohort.confine; where the kernel has none,
+an audit hook only, said once on stderr and on every row) and an audit hook, in parallel, in a sandbox
+folder holding a copy of the submitted file. Workers are forked from a warm server that has imported torch and the grader once
 (multiprocessing's forkserver), so a worker costs a fork instead of a Python start and a torch
 import; each one still gets its own process, session, folder, limits and audit hook, all applied
 after the fork. Where there is no forkserver (Windows), each worker is a fresh interpreter. The
@@ -14,8 +15,6 @@ failing row; no worker can change another row or stop the run.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import multiprocessing
 import os
@@ -27,13 +26,16 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader import manifest
+from grader.classroom.cohort import confine
+from grader.classroom.cohort import launch
+from grader.classroom.cohort.launch import (Forked, _environment, _namespace, _server_folders, needs_peers, start_server,
+                                            stop_server, sweep, walls)
 
 OUTPUT_CAP = 64 * 1024  # bytes of a worker's output kept for the report
-WORKER = "grader.classroom.cohort.worker"  # the module each worker runs
 
 
 @dataclass
@@ -49,6 +51,8 @@ class Settings:
     warm: bool = "forkserver" in multiprocessing.get_all_start_methods()  # fork workers from a warm server
     judges: int | None = None  # judge processes when warm (grader.classroom.cohort.judging); None: one per job; 0: judge here
     remember: bool = True  # judges remember the reference's outputs and Hypothesis' runs (grader.classroom.cohort.memo)
+    walls: dict | None = None  # the kernel's walls every worker raises (confine.probe); None: probe when grading
+    reports: list[str] = field(default_factory=list)  # report files, which no worker may reach
 
 
 def check_limit(settings: Settings) -> float:
@@ -76,6 +80,7 @@ class Run:
     output_bytes: int = 0
     started: bool = False  # the grader started in the worker (out/ready.pt), so the learner's code may have run
     startup_timed_out: bool = False
+    leftovers: int = 0  # processes still alive in its namespace when the worker ended, killed then
 
 
 def find_file(root: Path, kata: manifest.Kata) -> Path | None:
@@ -87,23 +92,38 @@ def find_file(root: Path, kata: manifest.Kata) -> Path | None:
 
 
 # -- the worker process ---------------------------------------------------------------------
-def _environment(sandbox: Path) -> dict:
-    paths = [str(manifest.PACKAGE_DIR.parent)] + [p for p in sys.path if p and os.path.isdir(p)]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-           "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TMPDIR": str(sandbox / "tmp"), "HOME": str(sandbox),
-           "LANG": "C.UTF-8"}
-    env.update({k: os.environ[k] for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME") if k in os.environ})
-    return env
+def _uid(sandbox: Path) -> int:
+    return confine.UNPRIVILEGED + int(sandbox.name) % 4000
+
+
+def hand_over(sandbox: Path, uid: int) -> None:
+    """A sandbox for a worker that becomes ``uid``: its own, beneath a folder others may only cross."""
+    os.chmod(sandbox.parent, 0o711)
+    for path in [sandbox, *sandbox.rglob("*")]:
+        os.chown(path, uid, uid)
+
+
+def records(kata: manifest.Kata, out: Path) -> None:
+    """The worker's record files, made empty beforehand: under the kernel's walls it may write these and
+    create nothing else there (an empty one reads as absent)."""
+    from grader import checks
+
+    names = ["ready.pt", "load.pt", "done.pt"] + [f"check-{i:03d}.pt" for i in range(len(checks.for_kata(kata.id).all))]
+    for name in names + ["tamper.txt"]:
+        (out / name).touch()
 
 
 def _spec(job: Job, sandbox: Path, workdir: Path, roots: list[Path], settings: Settings) -> dict:
-    root = manifest.REPO_ROOT
-    return {"kata": job.kata.id, "file": str(sandbox / "submission" / job.kata.file), "label": job.kata.stub,
+    root, walls = manifest.REPO_ROOT, settings.walls or {}
+    return {"isolation": walls.get("isolation", confine.AUDIT_ONLY), "namespaces": walls.get("namespaces", False),
+            "seccomp": walls.get("seccomp", False), "peers": needs_peers(job.kata), "package": str(manifest.PACKAGE_DIR),
+            "repo": str(root), "workdir": str(workdir), "roots": [str(r) for r in roots], "reports": settings.reports,
+            "hide": _server_folders(), "disk_mb": settings.file_mb, "uid": _uid(sandbox) if walls.get("drop") else None,
+            "kata": job.kata.id, "file": str(sandbox / "submission" / job.kata.file), "label": job.kata.stub,
             "out": str(sandbox / "out"), "sandbox": str(sandbox), "device": settings.device, "seed": settings.seed,
             "timeout": settings.timeout, "check_timeout": check_limit(settings), "memory_mb": settings.memory_mb,
             "file_mb": settings.file_mb, "threads": 1,
-            "guarded": [str(root), str(manifest.PACKAGE_DIR), str(workdir)] + [str(r) for r in roots],
+            "guarded": [str(root), str(manifest.PACKAGE_DIR), str(workdir)] + [str(r) for r in roots] + settings.reports,
             "secret": [str(root / "solutions"), str(manifest.PACKAGE_DIR / "mistakes"), str(workdir)] + [str(r) for r in roots]}
 
 
@@ -117,83 +137,21 @@ def _drain(stream, run: Run) -> None:
     run.output = b"".join(kept)[:OUTPUT_CAP]
 
 
-class Forked:
-    """A worker forked from the warm server, with the face of subprocess.Popen that ``wait`` uses."""
-
-    def __init__(self, spec_path: Path, environment: dict):
-        context = multiprocessing.get_context("forkserver")
-        readable, writable = context.Pipe(duplex=False)
-        # daemon: a worker still alive when this process exits is killed, never waited for
-        self.process = context.Process(target=_forked_worker, args=(WORKER, str(spec_path), writable, environment),
-                                       daemon=True)
-        self.stdout = os.fdopen(os.dup(readable.fileno()), "rb", buffering=0)  # the worker's stdout and stderr
-        readable.close()
-        try:
-            self.process.start()
-        finally:
-            writable.close()
-        self.pid = self.process.pid
-
-    def poll(self) -> int | None:
-        return self.process.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self.process.join(timeout)
-        if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired(WORKER, timeout)
-        return self.process.exitcode
-
-
-def _forked_worker(worker: str, spec_path: str, output, environment: dict) -> None:
-    """In the forked child: become what a fresh ``python -m grader.classroom.cohort.worker`` would be (its
-    own session, output, folder and environment), then grade."""
-    os.setsid()  # its own process group, which the parent kills at the time limit
-    os.dup2(output.fileno(), 1)
-    os.dup2(output.fileno(), 2)
-    output.close()
-    os.environ.clear()
-    os.environ.update(environment)
-    os.chdir(Path(spec_path).parent)
-    importlib.import_module(worker).forked(spec_path)
-
-
-def start_server(katas: list[manifest.Kata]) -> None:
-    """Start the warm server (once per process): torch, the grader and the kata's checks imported,
-    with the environment a fresh worker would have had from its start."""
-    from multiprocessing import forkserver
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [WORKER, "grader.classroom.cohort.record", *[f"grader.checks.k{k.id}" for k in katas], "grader.classroom.cohort.server"])
-    fixed = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with _environ(fixed):
-        forkserver.ensure_running()
-
-
-@contextlib.contextmanager
-def _environ(values: dict):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings: Settings, live: set) -> Run:
     sandbox = (workdir / f"{index:04d}").resolve()
     for sub in ("submission", "out", "tmp"):
         (sandbox / sub).mkdir(parents=True)
     shutil.copyfile(job.file, sandbox / "submission" / job.kata.file)
-    (sandbox / "spec.json").write_text(json.dumps(_spec(job, sandbox, workdir.resolve(), roots, settings)))
+    records(job.kata, sandbox / "out")
+    spec = _spec(job, sandbox, workdir.resolve(), roots, settings)
+    (sandbox / "spec.json").write_text(json.dumps(spec))
+    if spec["uid"] is not None:
+        hand_over(sandbox, spec["uid"])
     run = Run(job, sandbox)
     if settings.warm:
         proc = Forked(sandbox / "spec.json", _environment(sandbox))
     else:
-        proc = subprocess.Popen([sys.executable, "-m", WORKER, str(sandbox / "spec.json")],
+        proc = subprocess.Popen([sys.executable, "-m", launch.WORKER, str(sandbox / "spec.json")],
                                 cwd=sandbox, env=_environment(sandbox), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     live.add(proc)
@@ -208,12 +166,13 @@ def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings:
 
 
 def wait(proc: subprocess.Popen, run: Run, settings: Settings) -> None:
-    """Wait for the worker: first for the grader to start (out/ready.pt), then, from that moment,
-    for the learner's time limit; kill it at whichever limit it reaches."""
+    """Wait for the worker: first for the grader to start (out/ready.pt written), then, from that moment,
+    for the learner's time limit; kill it at whichever limit it reaches, then whatever it left behind."""
     ready, begun = run.sandbox / "out" / "ready.pt", time.monotonic()
-    while not ready.exists() and proc.poll() is None and time.monotonic() - begun < settings.startup:
+    while not _written(ready) and proc.poll() is None and time.monotonic() - begun < settings.startup:
         time.sleep(0.02)
-    run.started = ready.exists()
+    run.started = _written(ready)
+    space = _namespace(proc.pid)
     started = time.monotonic()
     try:
         run.returncode = proc.wait(timeout=settings.timeout if run.started else 0.01)
@@ -222,6 +181,14 @@ def wait(proc: subprocess.Popen, run: Run, settings: Settings) -> None:
         kill(proc)
         run.returncode = proc.wait()
     run.seconds = time.monotonic() - (started if run.started else begun)
+    run.leftovers = sweep(space)
+
+
+def _written(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def kill(proc) -> None:
@@ -241,6 +208,8 @@ def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
     from grader.classroom.cohort import judge, judging
 
     roots = sorted({j.root.resolve() for j in jobs})
+    if settings.walls is None:
+        settings.walls = walls()
     if settings.warm:
         start_server(list({j.kata.id: j.kata for j in jobs}.values()))
     workdir = Path(tempfile.mkdtemp(prefix="kvkata-grade-"))
@@ -265,10 +234,14 @@ def grade_all(jobs: list[Job], settings: Settings, progress=None) -> list[dict]:
                     kill(proc)
                 raise
     finally:
+        if settings.warm:
+            stop_server()
         if os.environ.get("KVKATA_KEEP_SANDBOXES"):  # for debugging the grader: keep what the workers wrote
             print(f"kvkata: sandboxes kept in {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    for row in rows.values():
+        row["isolation"] = settings.walls["isolation"]
     return [rows[i] for i in range(len(jobs))]
 
 

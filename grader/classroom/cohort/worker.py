@@ -3,9 +3,12 @@
 ``python -m grader.classroom.cohort.worker SPEC.json`` — started by grader.classroom.cohort.sandbox, never by hand. It
 
 1. limits the size of any file it writes, and core dumps;
-2. imports torch, the kata's checks and the reference, and warms the device up;
+2. imports torch, the kata's checks and the reference; then raises the kernel's walls where the
+   grader found them (grader.classroom.cohort.confine: from here on it can read nothing of the
+   repository but the grader's code, write nothing but its records and scratch folder, reach no
+   network, process or file of anyone else), and warms the device up;
 3. takes a snapshot of the grader's, torch's and the builtins' functions, and installs an audit
-   hook (which cannot be removed): it writes only inside its sandbox, never reads solutions/, the
+   hook (grader.classroom.cohort.guard) (which cannot be removed): it writes only inside its sandbox, never reads solutions/, the
    mistake catalogue or other submissions, starts no process, signals no other process, uses no
    ctypes, tracing, heap walking or network;
 4. writes ``out/ready.pt``: from here on, whatever goes wrong is the submission's doing. A worker
@@ -21,40 +24,18 @@ Nothing here decides a grade: the parent replays the records against the referen
 """
 from __future__ import annotations
 
-import itertools
 import json
-import operator
 import os
 import resource
 import signal
 import sys
 import time
-import types
 from pathlib import Path
 
-FORBIDDEN = {
-    "subprocess.Popen": "started a process", "os.system": "started a process", "os.exec": "started a process",
-    "os.posix_spawn": "started a process", "os.spawn": "started a process", "os.fork": "started a process",
-    "os.forkpty": "started a process", "pty.spawn": "started a process",
-    "ctypes.dlopen": "used ctypes", "ctypes.dlsym": "used ctypes", "ctypes.dlsym/handle": "used ctypes",
-    "ctypes.cdata": "used ctypes", "ctypes.cdata/buffer": "used ctypes",
-    "sys.settrace": "installed a tracer", "sys.setprofile": "installed a profiler",
-    "gc.get_objects": "walked the heap", "gc.get_referrers": "walked the heap", "gc.get_referents": "walked the heap",
-    "socket.connect": "used the network", "socket.bind": "used the network", "socket.getaddrinfo": "used the network",
-    "os.chdir": "changed the working folder", "os.fchdir": "changed the working folder",
-}
-PATH_EVENTS = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.utime": 1,
-               "os.truncate": 1, "os.rename": 2, "os.link": 2, "os.symlink": 2, "shutil.rmtree": 1,
-               "shutil.copyfile": 2, "shutil.copytree": 2, "shutil.move": 2}
-_GONE = object()
+from grader.classroom.cohort import confine
+from grader.classroom.cohort.guard import Guard
+
 RECORD_MARGIN = 1.0  # seconds kept, of a kata's time, to write the record of a check that ran out of time
-CACHES = {"__slotnames__"}  # attributes Python itself caches on classes (copyreg, when pickling)
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-WATCHED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.functional", "torch.serialization", "builtins",
-                   "math", "operator", "numbers", "inspect", "traceback", "copy", "functools", "os", "os.path", "io",
-                   "json", "signal", "hypothesis", "hypothesis.core", "hypothesis.control")
-
-
 def limit_files(spec: dict) -> None:
     """File size and core dumps, soft and hard (the learner's code cannot raise them)."""
     if spec.get("file_mb"):
@@ -90,135 +71,6 @@ def limit_memory(spec: dict, device) -> None:
     mapped = mapped_bytes()
     if mapped is not None:
         resource.setrlimit(resource.RLIMIT_AS, (mapped + budget, mapped + budget))
-
-
-# -- the snapshot ---------------------------------------------------------------------------
-def snapshot() -> list[tuple[str, object, tuple, tuple, frozenset | None]]:
-    """(owner name, owner, attributes, their values, and for a class the names it has, else None) of
-    every function, class and module the grading relies on."""
-    import torch
-
-    owners = [(n, m) for n, m in list(sys.modules.items()) if n == "grader" or n.startswith("grader.")]
-    owners += [(n, sys.modules[n]) for n in WATCHED_MODULES if n in sys.modules]
-    classes = {torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.nn.Linear, torch.nn.Parameter}
-    groups = []
-    for name, owner in owners:
-        kept = {}
-        for attr, value in list(vars(owner).items()):
-            if callable(value) or isinstance(value, types.ModuleType):
-                kept[attr] = value
-            if isinstance(value, type) and str(getattr(value, "__module__", "")).startswith(("grader", "torch")):
-                classes.add(value)
-            if attr == "CHECKS" and hasattr(value, "all"):
-                groups.append((f"{name}.CHECKS", value, ("all",), (value.all,), None))
-                groups += [(f"{name}.{c.id}", c, ("func",), (c.func,), None) for c in value.all]
-        groups.append((name, owner, tuple(kept), tuple(kept.values()), None))
-    for cls in classes:
-        kept = dict(vars(cls))
-        groups.append((cls.__qualname__, cls, tuple(kept), tuple(kept.values()), frozenset(kept)))
-    return groups
-
-
-def changed(groups, vars=vars, all=all, map=map, zip=zip, is_=operator.is_,
-            gone=itertools.repeat(_GONE)) -> list[str]:
-    """What differs from the snapshot: replaced or removed functions, attributes added to classes (an
-    owner is compared at C speed, spelled out only when changed; helpers bound now, patched never)."""
-    found = []
-    for name, owner, attrs, values, names in groups:
-        now = vars(owner)
-        if names is not None and now.keys() != names:
-            added = {a for a in set(now) - names if a not in CACHES and not a.startswith("_abc_")}
-            found += [f"added {name}.{a}" for a in sorted(added)]
-        if not all(map(is_, map(now.get, attrs, gone), values)):
-            found += [f"replaced {name}.{attr}" for attr, value in zip(attrs, values)
-                      if now.get(attr, _GONE) is not value]
-    return found
-
-
-# -- the audit hook -------------------------------------------------------------------------
-def _on_stack(filename: str, getframe=sys._getframe):
-    """A test: is code from ``filename`` anywhere on the calling stack?"""
-    def test() -> bool:
-        frame = getframe(2)
-        while frame is not None:
-            if frame.f_code.co_filename == filename:
-                return True
-            frame = frame.f_back
-        return False
-    return test
-
-
-def _paths(cwd: str, join=os.path.join, norm=os.path.normpath, fspath=os.fspath, sep=os.sep):
-    """(resolve, inside): absolute paths as the hook sees them, and containment."""
-    def resolve(path):
-        if isinstance(path, int) or path is None:
-            return None
-        path = fspath(path)
-        return norm(join(cwd, path.decode(errors="replace") if isinstance(path, bytes) else path))
-
-    def inside(path, roots) -> bool:
-        return path is not None and any(path == r or path.startswith(r + sep) for r in roots)
-    return resolve, inside
-
-
-def audit_hook(spec: dict, guard: "Guard"):
-    """The hook: paths are judged whoever touches them (only the worker's own saving may write its
-    records); the other events only when the learner's code is on the stack (Hypothesis, for one,
-    calls gc.get_referrers). Helpers are bound now, so patching them later changes nothing."""
-    resolve, inside = _paths(os.getcwd())
-    learner_on_stack, own = _on_stack(spec["label"]), (os.getpid(), os.getpgid(0))
-    allowed, records = (spec["sandbox"], "/dev/null"), (os.path.join(spec["sandbox"], "out"),)
-
-    def refuse(why: str, tamper: bool):
-        if tamper:
-            guard.found.append(why)
-        raise PermissionError(f"kvkata grading: not allowed here: {why}")
-
-    def write(path):
-        if inside(path, records) and not guard.saving:
-            refuse(f"wrote the grader's records ({path})", True)
-        if path is not None and not inside(path, allowed):
-            refuse(f"wrote {path}", inside(path, spec["guarded"]))
-
-    def hook(event, args):
-        if event == "open":
-            path, mode, flags = resolve(args[0]), args[1], args[2]
-            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & WRITE_FLAGS):
-                write(path)
-            elif inside(path, spec["secret"]) and not inside(path, allowed):
-                refuse(f"read {path}", True)
-        elif event in PATH_EVENTS:
-            for arg in args[:PATH_EVENTS[event]]:
-                write(resolve(arg))
-        elif event in FORBIDDEN and learner_on_stack():
-            refuse(f"{FORBIDDEN[event]} ({event})", True)
-        elif event in ("os.kill", "os.killpg", "signal.pthread_kill") and args and args[0] not in own:
-            refuse(f"sent a signal to process {args[0]} ({event})", True)
-    return hook
-
-
-class Guard:
-    """What the learner's process may do (the audit hook), and what it was caught doing."""
-
-    def __init__(self, spec: dict):
-        self.found: list[str] = []
-        self.saving = False
-        self.entries = snapshot()
-        sys.addaudithook(audit_hook(spec, self))
-
-    def report(self) -> list[str]:
-        return sorted(set(self.found + changed(self.entries)))
-
-    def save(self, path: Path, data: dict) -> None:
-        """Write a record (plain data) with what was found so far; only this may write records."""
-        from grader.engine import plain
-
-        data["tamper"] = self.report()
-        self.saving = True
-        try:
-            plain.save(path, data)
-        finally:
-            self.saving = False
 
 
 # -- running --------------------------------------------------------------------------------
@@ -281,6 +133,7 @@ def grade(spec: dict) -> int:
     device = torch.device(spec["device"])
     reference = hidden_reference(kata)
     kata_checks = list(checks.for_kata(kata.id).all)
+    confine.confine(spec)
     warm_up(device)
     guard = Guard(spec)
     out, label = Path(spec["out"]), spec["label"]

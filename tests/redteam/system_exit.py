@@ -1,0 +1,2 @@
+# Raises SystemExit(0) at import.
+raise SystemExit(0)
