@@ -195,3 +195,19 @@ def test_kata_and_level_together_are_a_usage_error(tmp_path):
     usage_error(kvkata(manifest.REPO_ROOT, "autograder", "--kata", "99", "--out", str(tmp_path / "a.zip")), "--kata 99")
     usage_error(kvkata(manifest.REPO_ROOT, "autograder", "--kata", "01", "--points", "02=5",
                        "--out", str(tmp_path / "a.zip")), "--points 02=5")
+
+
+def test_the_autograder_grades_with_the_seed_it_was_built_with(kata01_worth_10, tmp_path, monkeypatch):
+    """The seed chosen at build time (7 here) draws the inputs of every grading on Gradescope, not the public
+    default."""
+    from grader.classroom import autograder
+
+    source, _ = kata01_worth_10
+    root = tmp_path / "autograder"
+    (root / "submission").mkdir(parents=True)
+    (root / "submission" / K01.file).write_text(REFERENCE)
+    os.symlink(source, root / "source")
+    seen = []
+    monkeypatch.setattr(autograder.cohort, "grade_all", lambda jobs, settings, *a: seen.append(settings.seed) or [])
+    autograder.grade_submission(root)
+    assert seen == [7]
