@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ SKIP = shutil.ignore_patterns(".git", ".kvkata", "__pycache__", ".hypothesis", "
 # -- tiers ------------------------------------------------------------------------------------------------
 slow = pytest.mark.slow  # left out of a bare ``pytest`` (the quick tier); ``pytest -m slow`` or ``--full`` runs it
 QUICK = "not slow"
+RECORD_CACHE = "KVKATA_RECORD_CACHE"  # where a run keeps the public records it made, shared by its workers
 SPOT_CHECK = "KVKATA_MUTATION_SPOT_CHECK"  # the kata whose recorded mutation run is redone anyway (tests/test_mutation.py)
 
 
@@ -77,8 +79,13 @@ def pytest_configure(config: pytest.Config) -> None:
     inherit the environment)."""
     for name in OURS:
         os.environ.pop(name, None)
-    if not hasattr(config, "workerinput") and not os.environ.get(SPOT_CHECK):
+    if hasattr(config, "workerinput"):
+        return
+    if not os.environ.get(SPOT_CHECK):
         os.environ[SPOT_CHECK] = random.choice(IDS)
+    if RECORD_CACHE not in os.environ:  # each kata's public record made once a run (grader.public_record.kept)
+        os.environ[RECORD_CACHE] = tempfile.mkdtemp(prefix="kvkata-records-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(RECORD_CACHE), ignore_errors=True))
 
 
 @pytest.hookimpl(tryfirst=True)

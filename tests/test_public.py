@@ -390,3 +390,23 @@ def test_a_handout_carries_every_checks_module_its_katas_import():
     for kata_id in ids:
         copied = sorted(p.name for p in handouts.check_modules({kata_id}))
         assert copied == loaded[kata_id], f"kata {kata_id}: the handout copies {copied}, its checks import {loaded[kata_id]}"
+
+
+def test_a_kept_record_is_copied_until_what_decided_it_changes(tmp_path, monkeypatch):
+    """KVKATA_RECORD_CACHE: the second handout of a kata copies the record the first made, byte for byte; an
+    edit to the kata's checks, a module they import or the recorder gives another key, so a record is made."""
+    from grader.public_record import kept
+    from grader.sources import read
+
+    monkeypatch.setenv(kept.CACHE, str(tmp_path / "cache"))
+    first, copied = kept.record_into(tmp_path / "a", "02")
+    assert not copied
+    again, copied = kept.record_into(tmp_path / "b", "02")
+    assert copied and again == first
+    assert (tmp_path / "a" / "02.pt.xz").read_bytes() == (tmp_path / "b" / "02.pt.xz").read_bytes()
+
+    def edited(path: str):
+        return lambda relative: read(relative) + ("\n# edited\n" if relative == path else "")
+    for path in ("grader/checks/k02.py", "grader/engine/core.py", "grader/public_record/tape.py", "solutions/02/offsets.py"):
+        assert kept.key("02", edited(path)) != kept.key("02"), path
+    assert kept.key("02", edited("grader/checks/k05.py")) == kept.key("02")

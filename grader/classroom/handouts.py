@@ -16,7 +16,7 @@ from pathlib import Path
 from grader import manifest, state
 from grader.classroom import choice, workflow
 from grader.errors import UsageError
-from grader.public_record import tape
+from grader.public_record import kept
 from grader.stubs import pristine_stub
 
 STUDENT_README = """# KV-cache katas — a handout of {covers}
@@ -146,7 +146,7 @@ def _checks_imported(path: Path) -> list[str]:
 
 PAGED_COPY = "paged_reference.py"  # where grader/paged.py looks for a copy (its COPY)
 SHARED_CHECKS = ("__init__.py",)  # with checks/support/, which every kata's checks use
-NOT_IN_A_HANDOUT = ("__pycache__", "pristine", "public", "mistakes", "tape.py")  # tape: the recorder
+NOT_IN_A_HANDOUT = ("__pycache__", "pristine", "public", "mistakes", "tape.py", "kept.py")  # the recorder
 INSTRUCTORS_ONLY = ("classroom", "bench", "mutation", "mutation_equivalents.toml", "mutation_report.md",
                     "mutation_proofs.json", "mutation_proofs.lock")
 
@@ -196,13 +196,12 @@ def record_public(dest: Path, katas: list[manifest.Kata], say=None) -> dict[str,
         say("recording each kata's public checks: the reference and every known mistake on the public inputs")
     for k in katas:
         started = time.monotonic()
-        data = tape.record(k.id, progress=say)
-        tape.save(dest, data)
-        shares[k.id] = tape.share(data)
+        shares[k.id], copied = kept.record_into(dest, k.id, progress=say)
         if say:
             caught = shares[k.id]
-            say(f"kata {k.id}: {len(data['public'])} of {len(data['checks'])} checks public; they catch "
-                f"{caught['caught']} of {caught['mistakes']} known mistakes ({time.monotonic() - started:.0f} s)")
+            how = f"kept from an earlier recording ({kept.CACHE})" if copied else f"{time.monotonic() - started:.0f} s"
+            say(f"kata {k.id}: {caught['public']} of {caught['checks']} checks public; they catch "
+                f"{caught['caught']} of {caught['mistakes']} known mistakes ({how})")
     return shares
 
 

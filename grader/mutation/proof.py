@@ -11,97 +11,24 @@ and trusts the record for the rest.
 """
 from __future__ import annotations
 
-import ast
 import fcntl
-import functools
-import hashlib
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from grader import manifest
+from grader.sources import Reader, digest, kata_closure, read as _read
 
 PROOFS = manifest.PACKAGE_DIR / "mutation_proofs.json"
 # The mutation tool: its own files and those its runner calls besides the checks, hashed as they are (what they
 # import beyond the checks' closure decides nothing about which mutant a check kills).
 TOOL = ("grader/mutation/operators.py", "grader/mutation/runner.py", "grader/mutation/summary.py", "grader/grade.py",
         "grader/learner/live.py", "grader/classroom/cohort/server.py")
-# Files a module reads by path rather than imports: grader.paged loads kata 06's reference from its one home.
-READS = {"grader/paged.py": ("solutions/06/paged.py",)}
-
-Reader = Callable[[str], str]
-
-
-def _read(relative: str) -> str:
-    return (manifest.REPO_ROOT / relative).read_text(encoding="utf-8")
-
-
-def _module_file(name: str) -> str | None:
-    """``grader.engine.core`` -> ``grader/engine/core.py`` (or the package's ``__init__.py``); None when
-    the name is no module of the grader (a class imported from a module, another package)."""
-    if name != "grader" and not name.startswith("grader."):
-        return None
-    base = name.replace(".", "/")
-    for candidate in (f"{base}.py", f"{base}/__init__.py"):
-        if (manifest.REPO_ROOT / candidate).is_file():
-            return candidate
-    return None
-
-
-def _package_of(relative: str) -> str:
-    parts = Path(relative).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts[:-1])
-
-
-@functools.lru_cache(maxsize=None)
-def _imports(relative: str, source: str) -> frozenset[str]:
-    """The grader files a module imports anywhere in its body, and the packages above each of them."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(source, relative)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                package = _package_of(relative).split(".")
-                package = package[:len(package) - (node.level - 1)] if node.level > 1 else package
-                base = ".".join(package + ([node.module] if node.module else []))
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-    files = set()
-    for name in names:
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ first
-            found = _module_file(".".join(parts[:i]))
-            if found:
-                files.add(found)
-    return frozenset(files)
-
-
-def closure(roots: list[str], read: Reader = _read) -> list[str]:
-    """Every file the roots depend on: the grader modules they import, transitively, and the files those
-    read by path; sorted."""
-    seen: set[str] = set()
-    todo = list(roots)
-    while todo:
-        relative = todo.pop()
-        if relative in seen:
-            continue
-        seen.add(relative)
-        if relative.endswith(".py") and relative.startswith("grader/"):
-            todo.extend(_imports(relative, read(relative)) - seen)
-        todo.extend(set(READS.get(relative, ())) - seen)
-    return sorted(seen)
 
 
 def inputs(kata_id: str, read: Reader = _read) -> list[str]:
     """The files that decide kata ``kata_id``'s mutation run."""
-    kata = manifest.get(kata_id)
-    roots = [kata.solution, f"grader/checks/k{kata_id}.py"]
-    if (manifest.REPO_ROOT / f"grader/mistakes/k{kata_id}.py").is_file():
-        roots.append(f"grader/mistakes/k{kata_id}.py")
-    return sorted(set(closure(roots, read)) | set(TOOL))
+    return sorted(set(kata_closure(kata_id, read)) | set(TOOL))
 
 
 def fingerprint(kata_id: str, read: Reader = _read, equivalents: dict | None = None) -> str:
@@ -109,12 +36,8 @@ def fingerprint(kata_id: str, read: Reader = _read, equivalents: dict | None = N
     if equivalents is None:
         from grader.mutation import summary
         equivalents = summary.equivalents()
-    digest = hashlib.sha256()
-    for relative in inputs(kata_id, read):
-        digest.update(f"{relative}\0{read(relative)}\0".encode())
     listed = sorted(f"{m}\0{reason}" for (k, m), reason in equivalents.items() if k == kata_id)
-    digest.update("\0".join(listed).encode())
-    return digest.hexdigest()[:16]
+    return digest(inputs(kata_id, read), read, "\0".join(listed))
 
 
 def load(path: Path = PROOFS) -> dict[str, dict]:
