@@ -51,11 +51,9 @@ def _bare(config: pytest.Config) -> bool:
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """A bare ``pytest`` is the quick tier, in two processes where pytest-xdist is installed (before xdist
     reads ``-n``). Any ``-m``, ``-n`` or path given on the command line wins."""
-    if hasattr(config, "workerinput"):
-        return
     if _bare(config) and not config.option.markexpr and not config.getoption("full"):
-        config.option.markexpr = QUICK
-    if not config.pluginmanager.hasplugin("xdist"):
+        config.option.markexpr = QUICK  # on xdist's workers too: each parses the command line again
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
         return
     parallel = _bare(config) or config.getoption("full")
     if (parallel and config.option.numprocesses is None
