@@ -2,8 +2,10 @@
 outcomes as plain data, a failed rank's peer released at once, a hung rank reported at the deadline."""
 from __future__ import annotations
 
+import re
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -84,3 +86,47 @@ def test_a_rank_that_reaches_a_function_that_hung_makes_the_check_not_run():
         assert "prefill_worker" in exc.message
     else:
         raise AssertionError("run_pair returned instead of raising NotRun")
+
+
+def _recv_from_1():
+    buffer = torch.empty(6, dtype=torch.float64)
+    dist.recv(buffer, 1)
+    return buffer.tolist()
+
+
+def _wrong_header():
+    raise ValueError("header: announces 4 KV heads, the model has 2")
+
+
+def test_a_rank_that_only_lost_its_peer_is_told_apart_from_the_cause():
+    """The receiver fails because its peer left; the peer's own error is the cause, and the receiver's
+    message reads the same on every run (no gloo source line, no port: a new one each run)."""
+    a, b = gloo.run_pair(_recv_from_1, _wrong_header)
+    assert a.status == "raised" and gloo.lost_peer(a), a
+    assert b.status == "raised" and not gloo.lost_peer(b)
+    assert "gloo/transport" not in gloo.plain(a.message)
+    assert not re.search(r"127\.0\.0\.1\]:\d", gloo.plain(a.message))
+
+
+def test_kata_16_reports_the_cause_not_the_rank_that_lost_its_peer():
+    """Both of the learner's workers raised: the one whose peer left is not the one reported."""
+    from grader.checks.k16_peers import pair
+    from grader.engine.core import LearnerCrash
+
+    class Target:
+        def owns(self, filename):
+            return filename == __file__
+
+    class Check:
+        target = Target()
+
+    for ranks in ((_recv_from_1, _wrong_header), (_wrong_header, _recv_from_0)):
+        with pytest.raises(LearnerCrash) as caught:
+            pair(Check(), {"seed": 0}, *ranks, learner=(0, 1))
+        assert "ValueError: header: announces 4 KV heads" in str(caught.value)
+
+
+def _recv_from_0():
+    buffer = torch.empty(6, dtype=torch.float64)
+    dist.recv(buffer, 0)
+    return buffer.tolist()

@@ -196,10 +196,14 @@ def pair(c, ex: dict, rank0, rank1, learner: tuple[int, ...]) -> list:
     """Run the two ranks; the values both returned. A learner rank that raised becomes its crash (or
     "not implemented yet"), a hang a timeout, a grader rank that failed a failure saying what it saw."""
     outcomes = gloo.run_pair(rank0, rank1)
-    for rank in (0, 1):  # the learner's own error first: it is the cause
+    # The first failure is the cause: a rank that raised only because its peer left comes after the
+    # peer's own error, and the learner's error before the grader's.
+    for rank in sorted((0, 1), key=lambda r: (gloo.lost_peer(outcomes[r]), r not in learner)):
         o = outcomes[rank]
-        if rank in learner and o.status == "raised":
+        if o.status == "raised" and rank in learner:
             _raise_learner(c, ex, o)
+        if o.status == "raised" and not gloo.lost_peer(o):
+            _grader_failed(c, ex, rank, o)
     for rank in (0, 1):
         o = outcomes[rank]
         if rank in learner and o.status == "hung":
@@ -207,21 +211,27 @@ def pair(c, ex: dict, rank0, rank1, learner: tuple[int, ...]) -> list:
         if o.status == "died":
             c.fail(f"rank {rank} ({'your worker' if rank in learner else 'the grader'}) ended without a result "
                    f"({o.message}): something called exit or crashed the process", ex, ("died", rank))
-        if o.status in ("raised", "hung") and rank == 1:  # the grader receives: what it saw of the learner's messages
-            c.fail(f"the grader's peer (rank {rank}) could not complete the exchange with your worker: "
-                   f"{o.error or 'it waited past the deadline'}: {_first_line(o.message)}. The messages must be "
-                   "exactly the header, K0, V0, …, then the first token, each of the size the header announces",
-                   ex, ("peer failed", rank, o.error or "hung"), culprit="prefill_worker")
-        if o.status in ("raised", "hung"):  # the grader sends: the learner's receiver did not take it all
-            c.fail(f"the grader's prefill side (rank {rank}) could not complete the exchange with your decode_worker: "
-                   f"{o.error or 'it waited past the deadline'}: {_first_line(o.message)}. Your worker must receive "
-                   "every message sent, in order: the header, then K0, V0, …, each into a buffer of the size and "
-                   "dtype the header announces, then the first token", ex, ("peer failed", rank, o.error or "hung"),
-                   culprit="decode_worker")
+        if rank not in learner and o.status in ("raised", "hung"):
+            _grader_failed(c, ex, rank, o)
     return [o.value for o in outcomes]
 
 
+def _grader_failed(c, ex, rank: int, o) -> None:
+    """The grader's own rank could not finish: what it saw of the learner's worker on the other side."""
+    if rank == 1:  # the grader receives: what it saw of the learner's messages
+        c.fail(f"the grader's peer (rank {rank}) could not complete the exchange with your worker: "
+               f"{o.error or 'it waited past the deadline'}: {_first_line(o.message)}. The messages must be "
+               "exactly the header, K0, V0, …, then the first token, each of the size the header announces",
+               ex, ("peer failed", rank, o.error or "hung"), culprit="prefill_worker")
+    c.fail(f"the grader's prefill side (rank {rank}) could not complete the exchange with your decode_worker: "
+           f"{o.error or 'it waited past the deadline'}: {_first_line(o.message)}. Your worker must receive "
+           "every message sent, in order: the header, then K0, V0, …, each into a buffer of the size and "
+           "dtype the header announces, then the first token", ex, ("peer failed", rank, o.error or "hung"),
+           culprit="decode_worker")
+
+
 def _first_line(text: str) -> str:
+    text = gloo.plain(text)
     return text.strip().splitlines()[0][:300] if text.strip() else ""
 
 

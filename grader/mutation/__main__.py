@@ -14,7 +14,7 @@ from grader.mutation import proof, runner, summary
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grader.mutation", description=__doc__)
-    p.add_argument("katas", nargs="*", help="kata ids (01 … 13); every kata when none is given")
+    p.add_argument("katas", nargs="*", help="kata ids (01, 02, …, as in grader/manifest.toml); every kata when none is given")
     p.add_argument("--jobs", type=int, default=2, help="mutants graded at once (default 2)")
     p.add_argument("--report", type=Path, help="also write the Markdown report to this file")
     p.add_argument("--only", help="only the mutants whose id contains this text")

@@ -23,6 +23,7 @@ import faulthandler
 import itertools
 import os
 import pickle
+import re
 import select
 import sys
 import threading
@@ -55,6 +56,20 @@ class Outcome:
     trace: str = ""
     frames: list = field(default_factory=list)  # (filename, line, function) of every frame that raised
     stub: str | None = None
+
+
+_TRANSPORT = re.compile(r"\[[^\]\s]*gloo/transport/[^\]\s]*\] ")  # gloo's own source line, before its message
+_PORT = re.compile(r"(\[127\.0\.0\.1\]):\d+")
+
+
+def lost_peer(o: Outcome) -> bool:
+    """Whether a rank raised only because its peer left: gloo's transport saw the connection close or time out."""
+    return o.status == "raised" and bool(_TRANSPORT.search(o.message))
+
+
+def plain(message: str) -> str:
+    """A gloo error as a learner reads it: without gloo's source line and the loopback port (a new one each run)."""
+    return _PORT.sub(r"\1", _TRANSPORT.sub("", message))
 
 
 def _store():
