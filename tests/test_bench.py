@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from grader import grade, paged
+from grader import grade, kernels, paged
 from grader.bench import suite as bench
 from grader.bench.fast_paged import FastPagedKVCache
 from grader.engine import targets
@@ -255,6 +255,7 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
     assert [m["n"] for m in machine["matmul"]] == [32, 64] and machine["stream"]["bytes"] == 2 * 2**20
     torch.manual_seed(0)
     model = roofline.Llama(roofline.LlamaConfig(**roofline.LOOP_CONFIG)).eval()
+    kernels.tune(model, rows_list=(1, 2), repeats=1)
     config = roofline._config_dict(model.config, "float32")
     with torch.no_grad():
         points = roofline.place_loop(model, config, machine, device, repeats=3, prefills=(16, 128), batches=(1, 2))
@@ -268,10 +269,13 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
     assert machine["bandwidth"] == max(machine["stream"]["bytes_per_s"], machine["read"]["bytes_per_s"])
     for p in decode:
         assert 0 < p["matmul_share"] <= 1 and p["matmul_fraction"] >= p["fraction"] * 0.999
+        assert p["plain_seconds"] > 0 and p["speedup"] == pytest.approx(p["plain_seconds"] / p["seconds"])
+        assert set(p["matmuls"]) == set(kernels.supported([model.lm_head.weight]))  # each kernel, timed alone
+        assert p["kernel"] in p["matmuls"]
     result = {"machine": machine, "model": "test", "config": config, "points": points}
     text = "\n".join(roofline.lines(result))
     assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text
-    assert "weight matmuls alone" in text
+    assert "weight matmuls alone" in text and "all plain" in text and "the matmuls alone by kernel: stored" in text
     pytest.importorskip("matplotlib")
     roofline.plot(result, str(tmp_path / "roof.png"))
     assert (tmp_path / "roof.png").stat().st_size > 0

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import slow
-from grader import manifest, models
+from grader import kernels, manifest, models
 from grader.engine import targets
 
 pytestmark = slow  # converts a real 135M-parameter model and runs it against transformers (minutes)
@@ -103,14 +103,27 @@ def test_dequantized_blocks_equal_the_gguf_packages(smollm2):
     assert {"Q4_1", "Q8_0", "F32"} <= seen
 
 
+@pytest.fixture(scope="session")
+def exact(smollm2):
+    """The same weights in float64, for the error each float32 implementation makes."""
+    return models.load(models.SMOLLM2, dtype=torch.float64, tune=False).model
+
+
+def close_to_transformers(ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    """Our float32 logits' error against float64 and transformers' own; ours may be a few times theirs (another
+    order of the same sums rounds differently), never more."""
+    mine, their = ((x.double() - exact).abs().max().item() for x in (ours, theirs))
+    assert mine <= 4 * their, (mine, their)
+    return mine, their
+
+
 @torch.inference_mode()
-def test_logits_equal_transformers(smollm2, hf):
+def test_logits_equal_transformers(smollm2, hf, exact):
     model, tokenizer = hf
     for text in PROMPTS + [None]:
         ids = smollm2.chat("What is a KV cache?") if text is None else tokenizer(text).input_ids
         ids = torch.tensor([ids])
-        ours, theirs = smollm2.model(ids), model(ids).logits
-        assert (ours - theirs).abs().max().item() < 1e-4, text
+        close_to_transformers(smollm2.model(ids), model(ids).logits, exact(ids))
 
 
 @torch.inference_mode()
@@ -123,6 +136,37 @@ def test_greedy_tokens_equal_transformers(smollm2, hf):
     theirs = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
                             do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert ours == theirs
+
+
+@pytest.fixture(scope="session")
+def plain_tokens(smollm2):
+    """Greedy tokens of kata 08's reference with every product plain: at one prompt, then at three."""
+    generate = targets.reference(manifest.get("08")).namespace["generate"]
+    prompts = [smollm2.chat(q) for q in ("Why do transformers cache keys and values?", "Name three colours.",
+                                         "What is 2 + 2?")]
+    with torch.inference_mode(), kernels.plain(smollm2.model):
+        return prompts, [generate(smollm2.model, prompts[:1], 16), generate(smollm2.model, prompts, 16)]
+
+
+@pytest.mark.parametrize("kernel", [k for k in kernels.KERNELS if k != "stored"])  # stored: the plain product
+@torch.inference_mode()
+def test_every_kernel_gives_transformers_logits_and_the_plain_tokens(smollm2, hf, exact, plain_tokens, kernel):
+    """grader.kernels on the real model: each layout and kernel, used for every row count, keeps the logits
+    as close to float64 as transformers' and the greedy tokens of the plain product, at one prompt and at three."""
+    model, weights = smollm2.model, [w for w, _ in kernels.projections(smollm2.model)]
+    if kernel not in kernels.supported(weights):
+        pytest.skip(f"{kernel} does not run here")
+    generate = targets.reference(manifest.get("08")).namespace["generate"]
+    prompts, plain = plain_tokens
+    kernels.install(model, {rows: kernel for rows in kernels.ROWS}, weights)
+    try:
+        ids = torch.tensor([prompts[0]])
+        close_to_transformers(model(ids), hf[0](ids).logits, exact(ids))
+        assert [generate(model, prompts[:1], 16), generate(model, prompts, 16)] == plain
+    finally:  # as loaded again
+        kernels.forget(weights)
+        if smollm2.kernels:
+            kernels.install(model, smollm2.kernels, weights)
 
 
 def test_tokenizer_ids_equal_transformers(smollm2, hf):

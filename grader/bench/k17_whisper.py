@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from grader import whisper
+from grader import models, whisper
 from grader.bench import noise as bench_noise
 
 SAMPLE = Path(__file__).with_name("the_cat.wav")
@@ -191,7 +191,7 @@ def transcribe(model: whisper.Whisper, cache, audio: Path = SAMPLE, max_new_toke
 
 def bench_real(cache_cls, progress, max_new_tokens: int = 24, audio: Path = SAMPLE, repeats: int = 5) -> dict:
     """Transcribe ``audio`` with kata 17's ``cache_cls`` in the port's decoder; compare with transformers; time."""
-    model, cache = whisper.load(), cache_cls()
+    model, cache = whisper.load(remember=models.kernels_file()), cache_cls()
     run = transcribe(model, cache, audio, max_new_tokens)
     tokens = run["tokens"]
     row = {"tokens": tokens, "text": run["text"], "head_bytes": model.decoder.embed_tokens.weight.nbytes,

@@ -7,10 +7,11 @@
 2. ``place_loop`` — kata 08's reference ``generate`` on a Llama of ``grader.nn`` (SmolLM2 with
    ``--real-model``): a prefill alone at 16 … 1,024 prompt tokens, and decode steps at batch 1 … 32,
    each counted with kata 18's reference (FLOPs and bytes of the forward) and shown as achieved
-   FLOP/s and bytes/s against the roof, and as a fraction of it. Each decode step is set beside its
-   weight matmuls alone (every ``nn.Linear`` of the model on the step's one token a row, in order):
-   the share of the step they take, and the fraction of the roof a step reaches if it took only
-   that long, the ceiling of any loop over these kernels;
+   FLOP/s and bytes/s against the roof, and as a fraction of it. Each decode step is timed with the
+   model's products as ``grader.kernels`` chose them and with every product plain, alternating, and
+   set beside its weight matmuls alone (every projection of the model on the step's one token a row,
+   in order) under each kernel: the share of the step they take, and the fraction of the roof a step
+   reaches if it took only that long, the ceiling of any loop over these kernels;
 3. with ``--real-model`` and transformers installed, Hugging Face ``generate()`` on the same weights
    at the same decode batches, timed alternately with the reference loop, on the same roof.
 
@@ -19,12 +20,13 @@ reference solutions.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 import torch.nn.functional as F
 
-from grader import models
+from grader import kernels, models
 from grader.bench import noise as bench_noise
 from grader.bench.shared import GENERATE_CONFIG, reference
 from grader.learner import pictures_models
@@ -89,17 +91,11 @@ def _decode_prompts(batch: int, vocab: int) -> list[list[int]]:
     return [[(5 * i + b) % vocab for i in range(DECODE_PROMPT)] for b in range(batch)]
 
 
-def _matmuls_alone(model, batch: int, device: torch.device):
-    """Every ``nn.Linear`` of ``model`` in order on one token a row: a decode step's weight read, alone."""
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = {w.shape[1]: torch.randn(batch, 1, w.shape[1], device=device, dtype=w.dtype) for w in weights}
-    return lambda: [F.linear(inputs[w.shape[1]], w) for w in weights]
-
-
-def _step_seconds(run, model, repeats: int, sync, on_cpu: bool) -> tuple[float, dict]:
-    """A decode step's seconds, timed inside runs of 1 + S new tokens: from the end of the prefill's forward
-    to the end of the last forward, over the S steps between (the loop's own work included). Never one run
-    minus another: at large batches the prefill dwarfs the steps, and its noise would swamp them."""
+def _step_times(run, model, repeats: int, sync, warm: bool = True) -> tuple[list[float], float, float]:
+    """A decode step's seconds in each of ``repeats`` runs of 1 + S new tokens, from the end of the prefill's
+    forward to the end of the last forward, over the S steps between (the loop's own work included), with the
+    wall and CPU seconds the runs took. Never one run minus another: at large batches the prefill dwarfs the
+    steps, and its noise would swamp them."""
     ends = []
 
     def mark(*_):
@@ -108,17 +104,39 @@ def _step_seconds(run, model, repeats: int, sync, on_cpu: bool) -> tuple[float, 
         ends.append(time.perf_counter())
     handle = model.register_forward_hook(mark)
     try:
-        run(1 + DECODE_STEPS)  # warm-up
+        if warm:
+            run(1 + DECODE_STEPS)
         times, wall, cpu = [], time.perf_counter(), time.process_time()
         for _ in range(repeats):
             ends.clear()
             run(1 + DECODE_STEPS)
             times.append((ends[-1] - ends[0]) / (len(ends) - 1))
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        return times, time.perf_counter() - wall, time.process_time() - cpu
     finally:
         handle.remove()
-    timing = bench_noise.figure(times, cpu / wall if on_cpu and bench_noise.measurable(wall) else None)
+
+
+def _timing(times: list[float], wall: float, cpu: float, on_cpu: bool) -> dict:
+    return bench_noise.figure(times, cpu / wall if on_cpu and bench_noise.measurable(wall) else None)
+
+
+def _step_seconds(run, model, repeats: int, sync, on_cpu: bool) -> tuple[float, dict]:
+    """A decode step's seconds (``_step_times``' median) and its figure."""
+    timing = _timing(*_step_times(run, model, repeats, sync), on_cpu)
     return timing["median"], timing
+
+
+def _steps_side_by_side(run, model, repeats: int, sync, on_cpu: bool) -> tuple[dict, dict]:
+    """A decode step's figure with the model's products as ``grader.kernels`` chose them, and with every
+    product plain, the two alternating run by run."""
+    tuned, plain, walls, cpus = [], [], [0.0, 0.0], [0.0, 0.0]
+    for r in range(repeats):
+        for i, (out, context) in enumerate(((tuned, contextlib.nullcontext()), (plain, kernels.plain(model)))):
+            with context:
+                times, wall, cpu = _step_times(run, model, 1, sync, warm=r == 0)
+            out += times
+            walls[i], cpus[i] = walls[i] + wall, cpus[i] + cpu
+    return _timing(tuned, walls[0], cpus[0], on_cpu), _timing(plain, walls[1], cpus[1], on_cpu)
 
 
 def _decode_point(label: str, config: dict, batch: int, seconds: float, timing: dict, machine: dict,
@@ -141,15 +159,28 @@ def place_loop(model, config: dict, machine: dict, device: torch.device, repeats
         timing, _ = bench_noise.repeat(lambda: generate(model, prompts, 1), repeats, sync, on_cpu)
         points.append(_point("prefill", f"prefill {P}", k18["forward_flops"](config, 1, P, 0),
                              k18["forward_bytes"](config, 1, P, 0), timing["median"], timing, machine))
+    pairs = kernels.projections(model)
+    weights = [w for w, _ in pairs]
+    copies = kernels.copies_for(weights, kernels.supported(weights)) if batches else {}
     for B in batches:
         prompts = _decode_prompts(B, vocab)
-        step, timing = _step_seconds(lambda n: generate(model, prompts, n), model, repeats, sync, on_cpu)
-        point = _decode_point(f"decode batch {B}", config, B, step, timing, machine)
-        matmuls = _matmuls_alone(model, B, device)
-        matmuls()
-        alone, _ = bench_noise.repeat(matmuls, repeats, sync, on_cpu)
-        share = min(alone["median"] / step, 1.0)  # (a noisy step can come out shorter than its matmuls)
-        point.update(matmul_seconds=alone["median"], matmul_share=share, matmul_fraction=point["fraction"] / share)
+        timing, plain = _steps_side_by_side(lambda n: generate(model, prompts, n), model, repeats, sync, on_cpu)
+        point = _decode_point(f"decode batch {B}", config, B, timing["median"], timing, machine)
+        chosen = kernels.chosen(weights[0]) if weights else None
+        point.update(kernel=chosen[kernels.nearest(B, chosen)] if chosen else "stored", plain_seconds=plain["median"],
+                     plain_fraction=point["fraction"] * timing["median"] / plain["median"], plain_noisy=plain["noisy"],
+                     speedup=plain["median"] / timing["median"])
+        if weights and device.type == "cpu":
+            alone = kernels.measure(pairs, (B,), tuple(copies), repeats, copies)["seconds"][B]
+        else:  # the plain product only (another device: grader.kernels changes nothing there)
+            alone = {"stored": bench_noise.repeat(lambda: [F.linear(torch.randn(B, w.shape[1], device=device,
+                                                                                dtype=w.dtype), w) for w in weights],
+                                                  repeats, sync, on_cpu)[0]["median"]}
+        point["matmuls"] = {k: {"seconds": t, "fraction": point["fraction"] * timing["median"] / t}
+                            for k, t in alone.items()}
+        own = alone.get(point["kernel"], alone["stored"])
+        share = min(own / timing["median"], 1.0)  # (a noisy step can come out shorter than its matmuls)
+        point.update(matmul_seconds=own, matmul_share=share, matmul_fraction=point["fraction"] / share)
         points.append(point)
     return points
 
@@ -184,7 +215,9 @@ def _model(device: torch.device, real_model: bool):
         loaded = models.load(models.SMOLLM2, device=device)
         return loaded.model.eval(), "SmolLM2-135M", loaded.folder
     torch.manual_seed(0)
-    return Llama(LlamaConfig(**LOOP_CONFIG)).to(device).eval(), "the grader.nn Llama (4 layers, width 256)", None
+    model = Llama(LlamaConfig(**LOOP_CONFIG)).to(device).eval()
+    kernels.tune(model)  # as a loaded model is (grader.models.load): the bench sets both side by side
+    return model, "the grader.nn Llama (4 layers, width 256)", None
 
 
 def run(device: torch.device, real_model: bool = False, quick: bool = False, progress=None) -> dict:
@@ -242,10 +275,17 @@ def lines(result: dict) -> list[str]:
         out.append(f"  {p['label']:>16}: intensity {p['intensity']:8.1f} FLOP/B ({p['bound']}-bound), "
                    f"{_si(p['flops_per_s'], 'FLOP/s')}, {_si(p['bytes_per_s'], 'B/s')}, "
                    f"{p['fraction']:.1%} of the roof{noisy}")
+        if "plain_seconds" in p:
+            out.append(f"{'':>18}products by grader.kernels ({p['kernel']}): {p['seconds'] * 1e3:.1f} ms a step; "
+                       f"all plain: {p['plain_seconds'] * 1e3:.1f} ms, {p['plain_fraction']:.1%} of the roof "
+                       f"({p['speedup']:.2f}x){' [NOISY]' if p['plain_noisy'] else ''}")
         if "matmul_seconds" in p:
             out.append(f"{'':>18}its weight matmuls alone: {p['matmul_seconds'] * 1e3:.1f} of {p['seconds'] * 1e3:.1f} "
                        f"ms ({p['matmul_share']:.0%} of the step); a step that short would be "
                        f"{p['matmul_fraction']:.1%} of the roof")
+        if "matmuls" in p:
+            out.append(f"{'':>18}the matmuls alone by kernel: " + ", ".join(
+                f"{k} {m['seconds'] * 1e3:.1f} ms ({m['fraction']:.1%})" for k, m in p["matmuls"].items()))
     out.append("Measured, never graded: another program on this machine moves every figure.")
     return out
 
