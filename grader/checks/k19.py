@@ -136,6 +136,9 @@ def split_per_head(ctx):
                            ("a weight without H * (N + V) rows", (w, 3, 3, 3)), ("a 1-D weight", (w[0], 3, 2, 3)),
                            ("a weight as nested lists", (w.tolist(), 3, 2, 3))):
             expect_value_error(c, c.t.split_kv_b, *args, what=f"split_kv_b with {what}", names=("weight",), example=ex)
+        for name, args in (("n_heads", (w, 0, 2, 3)), ("qk_nope_dim", (w, 3, 0, 5)), ("v_head_dim", (w, 3, 5, 0))):
+            expect_value_error(c, c.t.split_kv_b, *args, what=f"split_kv_b with {name}=0", names=(name, "weight"),
+                               example=ex)
 
     ctx.case({"weight": "bad"}, bad)
 

@@ -18,7 +18,7 @@ MISTAKES = [
         why="RoPE applied to the latent puts a position-dependent rotation between W_UK and the query, which is "
             "exactly what absorption cannot fold; position belongs in the rotary key only.",
         hint="Which of c_kv and k_pe carries the position? What would W_UK have to commute with if c_kv were rotated?",
-        edits=((_NORM, _NORM + "        c_kv = rope_interleaved(c_kv[:, None], positions, self.rope_base)[:, 0]\n"),),
+        edits=((_NORM, _NORM + "        c_kv = _rope_interleaved(c_kv[:, None], positions, self.rope_base)[:, 0]\n"),),
     ),
     Mistake(
         name="one rotary key per head",

@@ -99,7 +99,7 @@ class LatentKVCache:
         return sum(t.numel() * t.element_size() for pair in self.layers.values() for t in pair)
 
 
-def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+def _rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
     """Rotate pairs (x[2i], x[2i+1]) of x (B, H, T, R) by positions (B, T); the layout stays interleaved."""
     halves = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)  # (B, H, T, R): evens, then odds
     turned = apply_rope(halves, positions, base)  # rotate-half pairs i and i + R/2: the original pairs
@@ -155,11 +155,11 @@ class MLAttention(nn.Module):
         H, N, R = self.n_heads, self.qk_nope_dim, self.qk_rope_dim
         q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(B, T, H, N + R).transpose(1, 2)  # (B, H, T, N + R)
-        q_nope, q_pe = q[..., :N], rope_interleaved(q[..., N:], positions, self.rope_base)  # (B,H,T,N), (B,H,T,R)
+        q_nope, q_pe = q[..., :N], _rope_interleaved(q[..., N:], positions, self.rope_base)  # (B,H,T,N), (B,H,T,R)
         c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, R], dim=-1)  # (B, T, C), (B, T, R)
         # Why the norm before the cache and RoPE on k_pe only: the latent must stay position-free to absorb W_UK.
         c_kv = self.kv_a_layernorm(c_kv)  # (B, T, C)
-        k_pe = rope_interleaved(k_pe[:, None], positions, self.rope_base)[:, 0]  # (B, T, R)
+        k_pe = _rope_interleaved(k_pe[:, None], positions, self.rope_base)[:, 0]  # (B, T, R)
         if cache is not None:
             c_kv, k_pe = cache.update(layer, c_kv, k_pe)  # (B, S, C), (B, S, R)
         S = c_kv.shape[1]
