@@ -14,7 +14,7 @@ import torch
 from grader.checks.k19_inputs import (CACHE, DEEPSEEK, LAYER, bad_cache_calls, bad_forward_calls, bad_sizes,
                                       bytes_held, cache_programs, device_scenario, flops_sizes, formula_sizes,
                                       run_program)
-from grader.checks.k19_runs import (Recorder, build, chunked, flops_of, inputs, layers, own_tensors,
+from grader.checks.k19_runs import (Recorder, build, call_options, chunked, flops_of, inputs, layers, own_tensors,
                                     projection_flops, spans)
 from grader.checks.support import devices, envelope
 from grader.checks.support.common import count_rows, expect_value_error, randn
@@ -134,6 +134,7 @@ def split_per_head(ctx):
         w = randn(2, 15, 4, device=c.device)
         for what, args in (("a weight with one row too many", (torch.cat([w, w[:1]]), 3, 2, 3)),
                            ("a weight without H * (N + V) rows", (w, 3, 3, 3)), ("a 1-D weight", (w[0], 3, 2, 3)),
+                           ("a 3-D weight with H * (N + V) rows", (w[..., None], 3, 2, 3)),
                            ("a weight as nested lists", (w.tolist(), 3, 2, 3))):
             expect_value_error(c, c.t.split_kv_b, *args, what=f"split_kv_b with {what}", names=("weight",), example=ex)
         for name, args in (("n_heads", (w, 0, 2, 3)), ("qk_nope_dim", (w, 3, 0, 5)), ("v_head_dim", (w, 3, 5, 0))):
@@ -169,7 +170,7 @@ def kv_b_proj_rows(ctx):
         cache = Recorder()
         for (start, n), flag in zip(spans(ex["lengths"]), ex["absorbed"]):
             with count_rows(layer, ["kv_b_proj"]) as rows:
-                c.call(layer, x[:, start:start + n], pos[:, start:start + n], cache, ex["layer"], absorbed=flag)
+                c.call(layer, x[:, start:start + n], pos[:, start:start + n], cache, **call_options(ex["layer"], flag))
             want = 0 if flag else ex["batch"] * (start + n)
             if rows["kv_b_proj"] != want:
                 why = ("absorbed calls read kv_b_proj.weight through split_kv_b and never run the layer" if flag else
@@ -231,6 +232,11 @@ def layer_rejects_bad_input(ctx):
             expect_value_error(c, layer, *args, what=f"forward with {what}", names=names, example=ex)
         for what, build_bad, names in bad_sizes(c.t, ex):
             expect_value_error(c, build_bad, what=what, names=names, example=ex)
+        try:  # the smallest layer is valid, and any positive base
+            c.t.MLAttention(1, 1, 1, 1, 2, 1, q_lora_rank=1, rope_base=0.5)
+        except ValueError as exc:
+            c.fail(f"MLAttention(1, 1, 1, 1, 2, 1, q_lora_rank=1, rope_base=0.5) raised ValueError({str(exc)!r}); "
+                   "it is a valid layer", ex, ("rejected", "smallest"))
 
     ctx.case(LAYER, body)
 

@@ -14,7 +14,7 @@ DEEPSEEK = {"model": "DeepSeek-V2 (60 layers) and V3 (61 layers): kv_lora_rank 5
 CACHE = {"batch": 2, "rank": 6, "rope": 4, "updates": [(0, 3), (1, 2), (0, 1), (0, 2)], "dtype": torch.float32,
          "seed": 5}
 LAYER = {"batch": 2, "hidden": 16, "heads": 4, "rank": 10, "nope": 4, "rope": 6, "v": 3, "q_rank": None,
-         "base": 10000.0, "lengths": [5, 1, 1], "absorbed": [False, True, True], "start": 0, "layer": 1,
+         "base": None, "lengths": [5, 1, 1], "absorbed": [False, True, True], "start": 0, "layer": 1,
          "dtype": torch.float64, "seed": 3}
 
 
@@ -110,6 +110,8 @@ def bad_cache_calls(ex: dict, device):
     return [
         ("a 2-D c_kv", [(0, c[0], k)], ("c_kv",)), ("a 2-D k_pe", [(0, c, k[0])], ("k_pe",)),
         ("c_kv as nested lists", [(0, c.tolist(), k)], ("c_kv",)), ("a 4-D k_pe", [(0, c, k[:, None])], ("k_pe",)),
+        ("a 4-D c_kv of the right batch and tokens", [(0, c[..., None], k)], ("c_kv",)),
+        ("a 4-D k_pe of the right batch and tokens", [(0, c, k[..., None])], ("k_pe",)),
         ("k_pe with one token fewer than c_kv", [(0, c, k[:, :2])], both),
         ("k_pe of another batch size", [(0, c, torch.cat([k, k]))], both),
         ("k_pe in another dtype", [(0, c, k.to(other))], both),
@@ -122,7 +124,7 @@ def bad_cache_calls(ex: dict, device):
 
 
 def bad_forward_calls(x: torch.Tensor, pos: torch.Tensor):
-    return [("x missing the batch axis", (x[0], pos), ("x",)), ("x wider than hidden_size", (torch.cat([x, x], -1), pos), ("x",)),
+    return [("x missing the batch axis", (x[0], pos), ("x",)), ("x with an extra axis", (x[:, :, None], pos), ("x",)), ("x wider than hidden_size", (torch.cat([x, x], -1), pos), ("x",)),
             ("float positions", (x, pos.double()), ("positions",)), ("positions as nested lists", (x, pos.tolist()), ("positions",)),
             ("positions of one token fewer", (x, pos[:, :-1]), ("positions",)),
             ("positions without the batch axis", (x, pos[0]), ("positions",)),

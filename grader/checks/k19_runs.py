@@ -33,7 +33,7 @@ def layers(draw, min_calls: int = 1, decode: bool = False):
     return {"batch": draw(st.integers(1, 2)), "hidden": draw(st.sampled_from([8, 12, 16])), "heads": heads,
             "rank": draw(st.sampled_from([4, 6, 10])), "nope": draw(st.sampled_from([2, 3, 4])),
             "rope": draw(st.sampled_from([2, 4, 6])), "v": draw(st.sampled_from([2, 3, 5])),
-            "q_rank": draw(st.sampled_from([None, 6])), "base": draw(st.sampled_from([10000.0, 100.0])),
+            "q_rank": draw(st.sampled_from([None, 6])), "base": draw(st.sampled_from([None, 100.0])),
             "lengths": lengths, "absorbed": [draw(st.booleans()) for _ in lengths],
             "start": draw(st.sampled_from([0, 5, 40])), "layer": draw(st.integers(0, 2)),
             "dtype": draw(DTYPES), "seed": draw(SEEDS)}
@@ -57,8 +57,9 @@ def described(ex: dict) -> str:
 def build(api, ex: dict, device):
     """``api.MLAttention`` of the example's sizes on ``device`` in its dtype, with the seeded weights."""
     with torch.random.fork_rng(devices=[]):
+        base = {} if ex["base"] is None else {"rope_base": ex["base"]}  # None: the default base
         layer = api.MLAttention(ex["hidden"], ex["heads"], ex["rank"], ex["nope"], ex["rope"], ex["v"],
-                                q_lora_rank=ex["q_rank"], rope_base=ex["base"])
+                                q_lora_rank=ex["q_rank"], **base)
     layer = layer.to(device=device, dtype=ex["dtype"])
     held = dict(layer.state_dict())
     want = shapes(ex)
@@ -93,11 +94,14 @@ def inputs(ex: dict, device):
 
 class Recorder:
     """The checks' latent cache: per layer the concatenated latents and rotary keys; ``handed`` notes
-    (layer, c_kv, k_pe) of every update, copied."""
+    (layer, c_kv, k_pe) of every update, copied. Empty, it is false (it has a length, as transformers' caches do)."""
 
     def __init__(self):
         self.held: dict = {}
         self.handed: list = []
+
+    def __len__(self):  # like transformers' caches it has a length, so an empty one is false: test `is None`
+        return sum(c.shape[1] for c, _ in self.held.values())
 
     def update(self, layer, c_kv, k_pe):
         if not (isinstance(c_kv, torch.Tensor) and isinstance(k_pe, torch.Tensor) and c_kv.dim() == k_pe.dim() == 3):
@@ -129,7 +133,7 @@ def chunked(api, ctx, ex: dict, record: bool = True) -> dict:
     for (start, n), flag in zip(spans(ex["lengths"]), ex["absorbed"]):
         what = f"{'absorbed' if flag else 'naive'} call with {n} token(s) after {start}"
         seen[f"output of the {what}"] = ctx.call(layer, x[:, start:start + n], pos[:, start:start + n], cache,
-                                                 ex["layer"], absorbed=flag)
+                                                 **call_options(ex["layer"], flag))
         if record and cache.handed:
             _, c_kv, k_pe = cache.handed[-1]
             seen[f"c_kv handed to cache.update by the {what}"] = c_kv
@@ -140,6 +144,11 @@ def chunked(api, ctx, ex: dict, record: bool = True) -> dict:
     seen["layer numbers handed to cache.update"] = [h[0] for h in cache.handed]
     seen["output of one uncached forward over all the tokens"] = ctx.call(layer, x, pos, absorbed=ex["absorbed"][0])
     return seen
+
+
+def call_options(layer: int, absorbed: bool) -> dict:
+    """forward's layer and absorbed, each left to its default (0, True) where it has that value."""
+    return {**({"layer": layer} if layer else {}), **({} if absorbed else {"absorbed": False})}
 
 
 def flops_of(fn, *args, **kwargs):
