@@ -40,30 +40,6 @@ def gqa_groups(kv_lora_rank, qk_rope_dim, head_dim) -> float:
     return (kv_lora_rank + qk_rope_dim) / (2 * head_dim)
 
 
-def split_kv_b(weight: torch.Tensor, n_heads: int, qk_nope_dim: int, v_head_dim: int):
-    """kv_b_proj.weight (H * (N + V), C) -> (W_UK (H, N, C), W_UV (H, V, C)); head h owns rows h*(N+V) …"""
-    for name, value in (("n_heads", n_heads), ("qk_nope_dim", qk_nope_dim), ("v_head_dim", v_head_dim)):
-        _count(name, value)
-    rows = n_heads * (qk_nope_dim + v_head_dim)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] != rows:
-        got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
-        raise ValueError(f"weight: expected ({rows}, kv_lora_rank) = (n_heads * (qk_nope_dim + v_head_dim), C), got {got}")
-    per_head = weight.view(n_heads, qk_nope_dim + v_head_dim, weight.shape[1])  # (H, N + V, C)
-    return per_head[:, :qk_nope_dim], per_head[:, qk_nope_dim:]  # (H, N, C), (H, V, C)
-
-
-def decode_flops(seq_len, n_heads, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim, *, absorbed) -> int:
-    """FLOPs (2 per multiply-add) of one decode step, one sequence, one layer, from the latents to the
-    heads' outputs: what naive and absorbed decode do differently (projections of the new token left out)."""
-    S, H, C = _count("seq_len", seq_len), _count("n_heads", n_heads), _count("kv_lora_rank", kv_lora_rank)
-    N, R, V = _count("qk_nope_dim", qk_nope_dim), _count("qk_rope_dim", qk_rope_dim), _count("v_head_dim", v_head_dim)
-    if not isinstance(absorbed, bool):
-        raise ValueError(f"absorbed: expected True or False, got {absorbed!r}")
-    if absorbed:  # fold W_UK into the query, score C + R wide, sum latents, W_UV once per head
-        return 2 * H * (N * C + S * (C + R) + S * C + C * V)
-    return 2 * H * (S * C * (N + V) + S * (N + R) + S * V)  # up-project S latents, then plain attention
-
-
 class LatentKVCache:
     """Per layer, the latents (B, S, C) and the shared rotary keys (B, S, R) of every token seen."""
 
@@ -97,6 +73,30 @@ class LatentKVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for pair in self.layers.values() for t in pair)
+
+
+def split_kv_b(weight: torch.Tensor, n_heads: int, qk_nope_dim: int, v_head_dim: int):
+    """kv_b_proj.weight (H * (N + V), C) -> (W_UK (H, N, C), W_UV (H, V, C)); head h owns rows h*(N+V) …"""
+    for name, value in (("n_heads", n_heads), ("qk_nope_dim", qk_nope_dim), ("v_head_dim", v_head_dim)):
+        _count(name, value)
+    rows = n_heads * (qk_nope_dim + v_head_dim)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] != rows:
+        got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight: expected ({rows}, kv_lora_rank) = (n_heads * (qk_nope_dim + v_head_dim), C), got {got}")
+    per_head = weight.view(n_heads, qk_nope_dim + v_head_dim, weight.shape[1])  # (H, N + V, C)
+    return per_head[:, :qk_nope_dim], per_head[:, qk_nope_dim:]  # (H, N, C), (H, V, C)
+
+
+def decode_flops(seq_len, n_heads, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim, *, absorbed) -> int:
+    """FLOPs (2 per multiply-add) of one decode step, one sequence, one layer, from the latents to the
+    heads' outputs: what naive and absorbed decode do differently (projections of the new token left out)."""
+    S, H, C = _count("seq_len", seq_len), _count("n_heads", n_heads), _count("kv_lora_rank", kv_lora_rank)
+    N, R, V = _count("qk_nope_dim", qk_nope_dim), _count("qk_rope_dim", qk_rope_dim), _count("v_head_dim", v_head_dim)
+    if not isinstance(absorbed, bool):
+        raise ValueError(f"absorbed: expected True or False, got {absorbed!r}")
+    if absorbed:  # fold W_UK into the query, score C + R wide, sum latents, W_UV once per head
+        return 2 * H * (N * C + S * (C + R) + S * C + C * V)
+    return 2 * H * (S * C * (N + V) + S * (N + R) + S * V)  # up-project S latents, then plain attention
 
 
 def _rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
