@@ -239,7 +239,7 @@ def hybrid_rejects_bad_input(ctx):
 
 
 @CHECKS.add("two HybridKVCache instances share no storage, and held results survive the next update",
-            uses="HybridKVCache.update")
+            uses="HybridKVCache")
 def caches_share_no_storage(ctx):
     def turn(c):
         def run(api, ex, cache, i, n):
@@ -254,6 +254,48 @@ def caches_share_no_storage(ctx):
 
     ctx.case({"layer_types": [SLIDING], "window": 3, "chunks": [4, 1, 2], "batch": 1, "heads": 1, "head_dim": 2,
               "v_dim": 2, "dtype": torch.float32, "seed": 1}, body)
+
+
+@CHECKS.add("a returned k_pos, mask or linear output is the caller's: changing it changes no later answer",
+            uses="SlidingLayer.update")
+def results_are_the_callers(ctx):
+    def body(c, ex):
+        held = {}
+
+        def positions(api, e):  # only k_pos: K and V may be views of the layer's storage (SPEC)
+            held["layer"] = api.SlidingLayer(e["window"])
+            return c.call(held["layer"].update, *p.kv(c, e, 1, 4))[2]
+
+        def next_update(api, e):
+            return p.snap(c.call(held["layer"].update, *p.kv(c, e, 3, 2)))
+
+        c.differential(ex, protocol.changed_by_caller(positions, next_update, "the next update"),
+                       "SlidingLayer(3).update of 4 tokens, its k_pos overwritten by the caller, then 2 more tokens")
+        q, k = torch.arange(3, 6, device=c.device), torch.arange(0, 6, device=c.device)
+        mask = lambda api, e: c.call(api.window_mask, "sliding_attention", q, k, 2)  # noqa: E731
+        c.differential(ex, protocol.twice(mask, "window_mask('sliding_attention', 3 … 5, 0 … 5, 2)"),
+                       "the same mask asked twice")
+        c.differential(ex, protocol.changed_by_caller(mask, mask, "the same mask again"),
+                       "a mask overwritten by the caller, then the same mask again (a memoized mask?)")
+
+        def stepped(api, e):
+            held["state"] = api.LinearState()
+            return c.call(held["state"].step, *_linear_inputs(c, e, 1))
+
+        def next_step(api, e):
+            return {"out": p.snap(c.call(held["state"].step, *_linear_inputs(c, e, 2))),
+                    "state": p.snap(held["state"].state)}
+
+        c.differential(ex, protocol.changed_by_caller(stepped, next_step, "the next step"),
+                       "LinearState.step, its output overwritten by the caller, then another step")
+
+    ctx.case({**WIDE_WINDOW, "window": 3}, body)
+
+
+def _linear_inputs(c, ex, seed):
+    B, H, D = ex["batch"], ex["heads"], ex["head_dim"]
+    q, k, v = (randn(seed + j, B, H, 2, D, dtype=ex["dtype"], device=c.device) for j in range(3))
+    return q, k, v, torch.full((B, H, 2), 0.5, dtype=ex["dtype"], device=c.device)
 
 
 # -- task 4: LinearState ------------------------------------------------------------------------------
@@ -296,6 +338,6 @@ def _device_scenario(s):
 
 
 @CHECKS.add("every function keeps the inputs' device (no tensor made on the CPU by accident)",
-            uses="HybridKVCache.update")
+            uses="HybridKVCache")
 def keeps_the_device(ctx):
     ctx.case({"layers": 4}, lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))
