@@ -47,6 +47,8 @@ PINNED_BYTES = [
      3 * (3 * 4096 + 1000 * 2 * 2 * 8 * 2), "Qwen3-Next style, batch 3: three fixed states and one full layer"),
     (_bytes([LINEAR, SHARED, FULL], 0, 2, 8, 4, state_bytes=100, dtype_bytes=4), 100,
      "seq_len 0: the state is counted as held, the attention layers hold nothing"),
+    (_bytes([LINEAR, FULL], 5, 2, 4, 4), 5 * 2 * 2 * 4 * 2, "state_bytes left out: a linear layer counts 0"),
+    (_bytes([], 9, 2, 4, 4), 0, "no layers at all: nothing held"),
     (_bytes((SLIDING, CHUNKED), 7, 3, 2, 5, dtype_bytes=1, batch=2), 2 * 2 * 4 * 2 * 3 * 2,
      "a tuple of kinds, one byte per number, batch 2: each window layer holds W - 1 = 4 of the 7 tokens"),
 ]
@@ -191,6 +193,7 @@ PINNED_PROGRAMS = [
     {**SIX, "layer_types": [SLIDING, SHARED, SLIDING], "shared_from": {1: 0}, "window": 1, "chunks": [2, 1, 3],
      "seed": 8},  # W = 1 and no full layer: the length is still tokens seen
     {**SIX, "reset_after": 2, "dtype": torch.float32, "seed": 9},  # a reset, then the request again
+    {**SIX, "layer_types": [], "shared_from": {}, "chunks": [2], "seed": 10},  # no layers: nothing seen, nothing held
 ]
 
 

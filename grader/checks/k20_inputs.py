@@ -55,6 +55,7 @@ def _kv(c, T=2, B=1, H=2, D=4, Dv=3):
 def _refused_updates(c, k, v):
     """(what, k, v, names) for a layer holding tokens of k and v's shapes."""
     return [("k without a head axis", k[:, 0], v, ("k",)), ("k = None", None, v, ("k",)),
+            ("k and v with an extra axis", k[..., None], v[..., None], ("k", "v")),
             ("v = None", k, None, ("v",)), ("v with one token fewer than k", k, v[:, :, :1], ("v", "k")),
             ("twice the batch of the tokens held", torch.cat([k, k]), torch.cat([v, v]), ("k", "v")),
             ("one head fewer than the tokens held", k[:, :1], v[:, :1], ("k", "v")),
@@ -87,6 +88,10 @@ def hybrid_cases(ctx) -> None:
                 ("layer_types as a string", (SLIDING,), {"window": 2}, "layer_types"),
                 ("window=0", (kinds,), {"window": 0, "shared_from": {2: 0}}, "window"),
                 ("window=1.5", (kinds,), {"window": 1.5, "shared_from": {2: 0}}, "window"),
+                ("window=0 and no window layer", ([FULL, LINEAR],), {"window": 0}, "window"),
+                ("window=True and no window layer", ([FULL],), {"window": True}, "window"),
+                ("a producer at index -1", ([FULL, SHARED, FULL],), {"window": 2, "shared_from": {1: -1}},
+                 "shared_from"),
                 ("a shared layer without a producer", (kinds,), {"window": 2}, "shared_from"),
                 ("a producer for a layer that is not shared", (kinds,), {"window": 2, "shared_from": {2: 0, 1: 0}},
                  "shared_from"),
@@ -111,10 +116,13 @@ def hybrid_cases(ctx) -> None:
                                ("shared(0) on a sliding layer", cache.shared, (0,)),
                                ("state(1) on a full layer", cache.state, (1,)), ("state(2) on a shared layer",
                                                                                  cache.state, (2,)),
-                               ("stored(4)", cache.stored, (4,)), ("nbytes(7)", cache.nbytes, (7,))):
+                               ("stored(4)", cache.stored, (4,)), ("stored(-1)", cache.stored, (-1,)),
+                               ("nbytes(7)", cache.nbytes, (7,)), ("nbytes(-4)", cache.nbytes, (-4,))):
             expect_value_error(c, fn, *args, what=f"HybridKVCache.{what}", names=("layer",), example=ex)
-        for what, bk, bv, names in _refused_updates(c, k, v):
-            expect_value_error(c, cache.update, 0, bk, bv, what=f"update(0, ...) with {what}", names=names, example=ex)
+        for layer in (0, 1):  # a sliding layer and a full one
+            for what, bk, bv, names in _refused_updates(c, k, v):
+                expect_value_error(c, cache.update, layer, bk, bv, what=f"update({layer}, ...) with {what}",
+                                   names=names, example=ex)
         state = (cache.seq_len(), cache.stored(0), cache.stored(1))
         if state != (2, 1, 2):
             c.fail(f"after 2 tokens and the refused calls, (seq_len(), stored(0), stored(1)) is {state}, expected "
@@ -129,6 +137,16 @@ def linear_cases(ctx) -> None:
         q, k = randn(1, B, H, T, Dk, device=c.device), randn(2, B, H, T, Dk, device=c.device)
         v, decay = randn(3, B, H, T, Dv, device=c.device), torch.full((B, H, T), 0.5, dtype=torch.float64,
                                                                        device=c.device)
+        wide = lambda x: torch.cat([x, x], 3)  # noqa: E731
+        for what, args, names in (("k narrower than q", (q, k[..., :2], v, decay), ("k", "q")),
+                                  ("k wider than q", (q, wide(k), v, decay), ("k", "q")),
+                                  ("v with one token more", (q, k, torch.cat([v, v[:, :, :1]], 2), decay), ("v",)),
+                                  ("decay with one token more", (q, k, v, torch.cat([decay, decay[..., :1]], 2)),
+                                   ("decay",)),
+                                  ("q, k and v with an extra axis", (q[..., None], k[..., None], v[..., None], decay),
+                                   ("q", "k", "v"))):
+            expect_value_error(c, c.t.LinearState().step, *args, what=f"a new LinearState's step with {what}",
+                               names=names, example=ex)
         state = c.t.LinearState()
         c.call(state.step, q, k, v, decay)
         held = state.state.clone()
@@ -140,7 +158,9 @@ def linear_cases(ctx) -> None:
                                   ("decay = 0.5, a float", (q, k, v, 0.5), ("decay",)),
                                   ("keys wider than the state held", (torch.cat([q, q], 3), torch.cat([k, k], 3), v,
                                                                       decay), ("k", "q")),
-                                  ("values wider than the state held", (q, k, torch.cat([v, v], 3), decay), ("v",))):
+                                  ("values wider than the state held", (q, k, torch.cat([v, v], 3), decay), ("v",)),
+                                  ("keys narrower than the state held", (q[..., :2], k[..., :2], v, decay), ("k", "q")),
+                                  ("values narrower than the state held", (q, k, v[..., :1], decay), ("v",))):
             expect_value_error(c, state.step, *args, what=f"LinearState.step with {what}", names=names, example=ex)
         if state.seen != T or not torch.equal(state.state, held):
             c.fail(f"after one step of {T} tokens and the refused steps, seen is {state.seen} and the state "

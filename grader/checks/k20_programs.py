@@ -49,7 +49,8 @@ def kv(c, ex, seed: int, T: int):
 
 def window_stream(c, api, ex) -> dict:
     """Every update of a new SlidingLayer over the example's chunks: its triple and counts."""
-    layer, got = api.SlidingLayer(ex["window"]), {}
+    layer = api.SlidingLayer(ex["window"])
+    got = {"new": {"len(layer)": len(layer), "seen": layer.seen, "nbytes()": layer.nbytes()}}
     for step, T in enumerate(ex["chunks"], start=1):
         k, v = kv(c, ex, ex["seed"] + 2 * step, T)
         out = triple(c, c.call(layer.update, k, v), f"SlidingLayer({ex['window']}).update", ex)
@@ -98,7 +99,7 @@ def _layer_call(c, api, cache, ex, layer: int, T: int, seed: int):
     return {"step(q, k, v, decay)": snap(c.call(state.step, q, k, v, decay)), "seen": state.seen}
 
 
-def _counts(c, api, cache, ex, seen: int) -> dict:
+def _counts(c, cache, ex) -> dict:
     n = len(ex["layer_types"])
     return {"seq_len()": c.call(cache.seq_len), "stored(layer)": [c.call(cache.stored, i) for i in range(n)],
             "nbytes(layer)": [c.call(cache.nbytes, i) for i in range(n)], "nbytes()": c.call(cache.nbytes)}
@@ -108,16 +109,16 @@ def hybrid_program(c, api, ex) -> dict:
     """A new HybridKVCache driven as a model drives it: each chunk through every layer in order, the counts
     after each chunk; ``reset_after`` chunks, a reset and the stream again from position 0."""
     cache = api.HybridKVCache(ex["layer_types"], window=ex["window"], shared_from=ex["shared_from"])
-    got, seen = {"new": _counts(c, api, cache, ex, 0)}, 0
+    got, seen = {"new": _counts(c, cache, ex)}, 0
     for step, T in enumerate(ex["chunks"], start=1):
         for layer in range(len(ex["layer_types"])):
             got[f"chunk {step} (+{T}), layer {layer}"] = _layer_call(c, api, cache, ex, layer, T, 100 * step + 10 * layer)
         seen += T
-        got[f"after chunk {step} ({seen} seen)"] = _counts(c, api, cache, ex, seen)
+        got[f"after chunk {step} ({seen} seen)"] = _counts(c, cache, ex)
         if ex.get("reset_after") == step:
             c.call(cache.reset)
             seen = 0
-            got[f"after reset (chunk {step})"] = _counts(c, api, cache, ex, 0)
+            got[f"after reset (chunk {step})"] = _counts(c, cache, ex)
     return got
 
 
