@@ -5,7 +5,7 @@ For each model it prefills ``--tokens`` tokens, then decodes ``--steps`` tokens 
 attention layer attends over what its cache returned, masked by ``window_mask``. It prints the bytes the
 cache holds (``nbytes()``, measured on the tensors), what ``hybrid_cache_bytes`` says, what an all-full
 cache holds, and the median time of one decode step through the attention layers, hybrid against full.
-Keys and values are random float32 tensors (half of each figure is the bf16 cache) at the models' real
+Keys and values are random float32 tensors (a bf16 cache holds half their bytes) at the models' real
 KV heads and widths, batch 1 (the weights
 and the rest of each layer are left out: this is the cache and attention alone; a linear layer's state,
 whose size never depends on how many tokens built it, takes one token per forward).
