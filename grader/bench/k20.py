@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=4096, help="prefill length (default 4096)")
     p.add_argument("--steps", type=int, default=8, help="decode steps timed (default 8)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
-    p.add_argument("--cache", default="solution", help="whose HybridKVCache: solution (default), stub (katas/20) or a PATH")
+    p.add_argument("--cache", default="solution",
+                   help="whose HybridKVCache: solution (default), stub (katas/20) or a PATH")
     args = p.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
