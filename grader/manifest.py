@@ -194,7 +194,7 @@ def get(kata_id: str) -> Kata:
 
 
 def levels() -> dict[int, str]:
-    return {1: "foundations", 2: "serving memory", 3: "systems", 4: "beyond", 5: "the whole system"}
+    return {1: "foundations", 2: "serving memory", 3: "systems", 4: "beyond", 5: "the whole system", 6: "the modern cache"}
 
 
 def markdown_table() -> str:
