@@ -121,6 +121,9 @@ def _bad_cache_calls(c, cache, k, v):
         ("update with integer k_new and v_new", cache.update, (k.long(), v.long()), ("k_new",)),
         ("update with no new token (T = 0)", cache.update, (k[:, :, :0], v[:, :, :0]), ("k_new",)),
         ("update with v_new shaped unlike k_new", cache.update, (k, v[:, :, :, :2]), ("v_new",)),
+        ("update with v_new holding one token more than k_new", cache.update, (k, torch.cat([v, v[:, :, :1]], 2)),
+         ("v_new",)),
+        ("update with v_new = None", cache.update, (k, None), ("v_new",)),
         ("update with twice the batch of the tokens held", cache.update, (torch.cat([k, k]), torch.cat([v, v])),
          ("k_new",)),
         ("update with one head fewer than the tokens held", cache.update, (k[:, :1], v[:, :1]), ("k_new",)),
@@ -135,6 +138,8 @@ def _bad_cache_calls(c, cache, k, v):
         ("compress with float indices", cache.compress, (good.double(),), ("keep",)),
         ("compress with keep of shape (1, 2)", cache.compress, (good[:, :, 0],), ("keep",)),
         ("compress with keep for one head of two", cache.compress, (good[:, :1],), ("keep",)),
+        ("compress with keep for three heads of two", cache.compress, (torch.cat([good, good[:, :1]], 1),), ("keep",)),
+        ("compress with keep carrying an extra axis", cache.compress, (good[..., None],), ("keep",)),
         (f"compress with index {n} when {n} are held", cache.compress, (good + 1,), ("keep",)),
         ("compress with index -1", cache.compress, (good - 1,), ("keep",)),
         ("compress with an index twice in a row", cache.compress, (good * 0 + 1,), ("keep",)),
@@ -165,6 +170,12 @@ def cache_rejects_bad_input(ctx):
         for name in ("positions", "scores"):
             c.raises(ValueError, getattr(empty, name), what=f"{name}() of an empty cache", example=ex)
         k, v = (randn(ex["seed"] + j, 1, 2, 3, 4, device=c.device) for j in (0, 1))
+        for what, fn, args, name in (("update with no new token (T = 0) on an empty cache", empty.update,
+                                      (k[:, :, :0], v[:, :, :0]), "k_new"),
+                                     ("observe on an empty cache", empty.observe, (k[:, :, None, :, 0],), "probs"),
+                                     ("compress on an empty cache", empty.compress,
+                                      (torch.zeros(1, 2, 1, dtype=torch.long, device=c.device),), "keep")):
+            expect_value_error(c, fn, *args, what=what, names=(name,), example=ex)
         cache = c.t.ScoredKVCache(3, 1)
         c.call(cache.update, k, v)
         before = _held(c, cache)
@@ -188,6 +199,15 @@ def _turn(c):
     return step
 
 
+def _inputs_scribbled(c, api, ex):
+    cache = api.ScoredKVCache(3, 1)
+    k, v = (randn(ex["seed"] + j, 1, 2, 2, 4, device=c.device) for j in (0, 1))
+    c.call(cache.update, k, v)
+    protocol.scribble((k, v))
+    k, v = (randn(ex["seed"] + j, 1, 2, 1, 4, device=c.device) for j in (2, 3))
+    return prog.snap(c.call(cache.update, k, v))
+
+
 @CHECKS.add("positions() and scores() are the caller's copies; two caches share no storage", uses="ScoredKVCache")
 def cache_results_are_the_callers(ctx):
     def body(c, ex):
@@ -200,6 +220,8 @@ def cache_results_are_the_callers(ctx):
             held["cache"] = make(api, e, 0)
             _turn(c)(api, e, held["cache"], 0, 0)
             return c.call(getattr(held["cache"], name))
+        c.differential(ex, lambda api, e: _inputs_scribbled(c, api, e), "update(k_new, v_new), the caller then "
+                       "overwrites k_new and v_new in place, then update again: what the cache holds is its own")
         for name in ("positions", "scores"):
             call = lambda api, e, name=name: c.call(getattr(held["cache"], name))  # noqa: E731
             c.differential(ex, protocol.changed_by_caller(lambda api, e, name=name: first(api, e, name), call,

@@ -111,6 +111,27 @@ def snapkv_keep_matches(ctx):
         ex, lambda api, e: _kept(c, api, e, "snapkv_keep")), large={**LARGE_KEEP, "tail": 32})
 
 
+@CHECKS.add("the indices h2o_keep and snapkv_keep return are the caller's to overwrite", uses="h2o_keep")
+def keep_results_are_the_callers(ctx):
+    def body(c, ex):
+        scores = torch.tensor([[[0.3, 0.1, 0.2], [0.1, 0.2, 0.3]]], dtype=torch.float64, device=c.device)
+        for fn, args in (("h2o_keep", (5, 1)), ("h2o_keep", (2, 1)), ("snapkv_keep", (5, 1)), ("snapkv_keep", (3, 1))):
+            call = f"{fn}(scores, {args[0]}, {args[1]})"
+            got, want = c.call(getattr(c.t, fn), scores, *args), getattr(c.ref, fn)(scores, *args)
+            if report.compare(want, got) is None:
+                got[0, 0] = -7  # the caller writes into head 0's row only
+                if report.compare(want[0, 1], got[0, 1]) is not None:
+                    c.fail(f"{call}: writing -7 into head 0's row of the result changed head 1's row to "
+                           f"{got[0, 1].tolist()}: the rows share memory (an expanded view?); return a tensor of "
+                           "its own", ex, ("shared rows", call))
+            again = c.call(getattr(c.t, fn), scores, *args)
+            problem = report.compare(want, again, f"{call} again")
+            if problem:
+                c.fail(f"{call}, its result overwritten by the caller, then again\n  {problem}", ex, again)
+
+    ctx.case({"seed": 0}, body)
+
+
 # -- snapkv_scores ---------------------------------------------------------------------------------
 
 @st.composite
@@ -155,6 +176,9 @@ def snapkv_scores_match(ctx):
                    f"neighbours (zeros past the ends, divided by 3)\n  {problem}", ex, got)
 
     ctx.case({"dtype": torch.float64, "seed": 0}, pinned)
+    for S, W in ((3, 3), (1, 1)):  # a prompt that is all window: nothing to score
+        ctx.case({"batch": 2, "kv_heads": 1, "q_heads": 2, "S": S, "W": W, "head_dim": 4, "kernel_size": None,
+                  "dtype": torch.float64, "seed": 2}, lambda c, ex: c.differential(ex, lambda api, e: _snap_scores(c, api, e)))
     ctx.forall(score_cases(), lambda c, ex: c.differential(ex, lambda api, e: _snap_scores(c, api, e)),
                max_examples=30)
     base = {"batch": 2, "kv_heads": 2, "q_heads": 4, "S": 12, "W": 4, "head_dim": 8, "kernel_size": None,
@@ -194,7 +218,9 @@ def _bad_score_calls(c):
     return [
         ("snapkv_scores with q_window of shape (4, 2, 8)", f, (q[0], k), ("q_window",)),
         ("snapkv_scores with keys of shape (2, 6, 8)", f, (q, k[0]), ("keys",)),
-        ("snapkv_scores with keys of another head_dim", f, (q, k[..., :4]), ("keys", "q_window")),
+        ("snapkv_scores with keys of a narrower head_dim", f, (q, k[..., :4]), ("keys", "q_window")),
+        ("snapkv_scores with keys of a wider head_dim", f, (q, torch.cat([k, k], -1)), ("keys", "q_window")),
+        ("snapkv_scores with keys of no head", f, (q, k[:, :0]), ("keys",)),
         ("snapkv_scores with keys of another batch", f, (q, torch.cat([k, k])), ("keys", "q_window")),
         ("snapkv_scores with 3 KV heads for 4 query heads", f, (q, torch.cat([k, k[:, :1]], 1)), ("keys", "q_window")),
         ("snapkv_scores with a window longer than the keys", f, (q, k[:, :, :1]), ("keys", "q_window")),
