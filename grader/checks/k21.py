@@ -173,6 +173,8 @@ def cache_rejects_bad_input(ctx):
         for what, fn, args, name in (("update with no new token (T = 0) on an empty cache", empty.update,
                                       (k[:, :, :0], v[:, :, :0]), "k_new"),
                                      ("observe on an empty cache", empty.observe, (k[:, :, None, :, 0],), "probs"),
+                                     ("observe on an empty cache, probs over its 0 tokens", empty.observe,
+                                      (k[:, :, None, :0, 0],), "probs"),
                                      ("compress on an empty cache", empty.compress,
                                       (torch.zeros(1, 2, 1, dtype=torch.long, device=c.device),), "keep")):
             expect_value_error(c, fn, *args, what=what, names=(name,), example=ex)
