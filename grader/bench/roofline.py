@@ -173,8 +173,8 @@ def place_loop(model, config: dict, machine: dict, device: torch.device, repeats
         if weights and device.type == "cpu":
             alone = kernels.measure(pairs, (B,), tuple(copies), repeats, copies)["seconds"][B]
         else:  # the plain product only (another device: grader.kernels changes nothing there)
-            alone = {"stored": bench_noise.repeat(lambda: [F.linear(torch.randn(B, w.shape[1], device=device,
-                                                                                dtype=w.dtype), w) for w in weights],
+            inputs = {w.shape[1]: torch.randn(B, w.shape[1], device=device, dtype=w.dtype) for w in weights}
+            alone = {"stored": bench_noise.repeat(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights],
                                                   repeats, sync, on_cpu)[0]["median"]}
         point["matmuls"] = {k: {"seconds": t, "fraction": point["fraction"] * timing["median"] / t}
                             for k, t in alone.items()}
