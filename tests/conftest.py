@@ -67,9 +67,19 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 # their tests go to one worker, so that it is built once a run rather than once a worker.
 SHARED = {"test_user_paths", "test_public", "test_autograder", "test_notebooks", "test_classroom", "test_whisper",
           "test_models", "test_beam_search", "test_engine", "test_bench_models", "test_playground"}
+PER_KATA = {"test_public"}  # of those, modules whose tests taking a kata_id build what they share once a kata
+GROUPED = "kvkata_grouped"  # the word a controller sends its workers: tests go to workers by group
 # What the shell may hold that changes how the project behaves, never inherited by a test (a test that needs one
 # sets its own): a state folder, an autograder root, kept sandboxes.
 OURS = ("KVKATA_STATE", "KVKATA_AUTOGRADER_ROOT", "KVKATA_KEEP_SANDBOXES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist: tell each worker whether tests are sent by group (a worker parses the command line again, and
+    the ``loadgroup`` chosen in pytest_cmdline_main is not on it: without this word a worker would never mark
+    its tests' groups, and every test would go wherever a worker is free)."""
+    node.workerinput[GROUPED] = node.config.option.dist == "loadgroup"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,6 +88,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in OURS:
         os.environ.pop(name, None)
     if hasattr(config, "workerinput"):
+        if config.workerinput.get(GROUPED):
+            config.option.loadgroup = True  # read by xdist's worker when it collects: it adds "@group" to each id
         return
     if not os.environ.get(SPOT_CHECK):
         os.environ[SPOT_CHECK] = random.choice(IDS)
@@ -89,9 +101,18 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.module.__name__ if getattr(item, "module", None) else ""
-        if module in SHARED:
-            item.add_marker(pytest.mark.xdist_group(module))
+        if group := _group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _group(item: pytest.Item) -> str | None:
+    """The worker an item must share with others: its module's, where the module builds something costly once;
+    a kata's own, where the module builds it once a kata (test_public: a kata's public record and its grading)."""
+    module = item.module.__name__ if getattr(item, "module", None) else ""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if module in PER_KATA and "kata_id" in params:
+        return f"{module}-{params['kata_id']}"
+    return module if module in SHARED else None
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:

@@ -42,17 +42,30 @@ GOAL = 0.9  # the share of a kata's catalogue its public checks alone must catch
 RECORD_LIMIT = 10 * 10**6  # bytes a kata's public record may take: a handout must fit a GitHub repository with room
 
 
-@pytest.fixture(scope="module")
+class _Lazy(dict):
+    """A kata's entry made the first time a test asks for it: a worker makes the records of the katas it runs."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, kata_id: str):
+        self[kata_id] = self._make(kata_id)
+        return self[kata_id]
+
+
+@pytest.fixture(scope="session")
 def saved(tmp_path_factory) -> dict[str, Path]:
-    """Every kata's public record, made once (as ``kvkata assign`` makes them) and saved as a handout holds it."""
+    """Each kata's public record, made once a process (as ``kvkata assign`` makes it) and saved as a handout
+    holds it. The tests of one kata run in one worker (conftest.group), so each record is made once a run."""
     folder = tmp_path_factory.mktemp("records")
-    return {k.id: tape.save(folder, tape.record(k.id)) for k in KATAS}
+    return _Lazy(lambda kata_id: tape.save(folder, tape.record(kata_id)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def records(saved) -> dict[str, dict]:
     """The saved records, read back as a handout reads them."""
-    return {kata_id: tape_keys.decode(path.read_bytes()) for kata_id, path in saved.items()}
+    return _Lazy(lambda kata_id: tape_keys.decode(saved[kata_id].read_bytes()))
 
 
 @pytest.mark.parametrize("kata_id", IDS)
@@ -62,13 +75,25 @@ def test_a_public_record_takes_at_most_10_mb(kata_id, saved):
     assert size <= RECORD_LIMIT, f"kata {kata_id}: its public record takes {size:,} bytes"
 
 
+_GRADED: dict[tuple[str, int], dict[str, list]] = {}  # (kata, id of the record) -> every target's results
+
+
+def graded_all(kata_id: str, record: dict) -> dict[str, list]:
+    """Every public check's results on the reference, the stub and each known mistake, graded once a record
+    (the record is kept alive by the fixture that made it, so its id is not reused)."""
+    key = (kata_id, id(record))
+    if key not in _GRADED:
+        kata = manifest.get(kata_id)
+        targets_ = [("reference", targets.reference(kata)), ("stub", targets.stub(kata))] + \
+            [(m.name, t) for m, t in mistakes.load(kata_id)]
+        _GRADED[key] = {name: graded(kata_id, target, record) for name, target in targets_}
+    return _GRADED[key]
+
+
 def outcomes(kata_id: str, record: dict) -> dict[str, list]:
     """Every public check's result, message and diagnoses on the reference, the stub and each known mistake."""
-    kata = manifest.get(kata_id)
-    targets_ = [("reference", targets.reference(kata)), ("stub", targets.stub(kata))] + \
-        [(m.name, t) for m, t in mistakes.load(kata_id)]
-    return {name: [(r.check.id, r.status, r.message, r.diagnoses) for r in graded(kata_id, target, record)]
-            for name, target in targets_}
+    return {name: [(r.check.id, r.status, r.message, r.diagnoses) for r in results]
+            for name, results in graded_all(kata_id, record).items()}
 
 
 @pytest.mark.parametrize("kata_id", IDS)
@@ -100,13 +125,14 @@ def graded(kata_id: str, target, record: dict) -> list:
 
 @pytest.mark.parametrize("kata_id", IDS)
 def test_public_checks_pass_the_reference_and_catch_the_catalogue(kata_id, records):
-    record, kata = records[kata_id], manifest.get(kata_id)
+    record = records[kata_id]
     assert record["public"] and set(record["public"]) <= {c.id for c in checks.for_kata(kata_id).all}
-    assert [r.status for r in graded(kata_id, targets.reference(kata), record)] == ["pass"] * len(record["public"])
-    assert {r.status for r in graded(kata_id, targets.stub(kata), record)} == {"not-implemented"}
+    results = graded_all(kata_id, record)
+    assert [r.status for r in results["reference"]] == ["pass"] * len(record["public"])
+    assert {r.status for r in results["stub"]} == {"not-implemented"}
     caught, wrong = [], []
-    for mistake, target in mistakes.load(kata_id):
-        failed = [r for r in graded(kata_id, target, record) if not r.passed]
+    for mistake in mistakes.catalogue(kata_id):
+        failed = [r for r in results[mistake.name] if not r.passed]
         if failed:
             caught.append(mistake.name)
             assert any(mistake.name in r.diagnoses for r in failed), (mistake.name, [r.message for r in failed])
