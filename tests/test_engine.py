@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from grader.engine import report, targets
-from grader.engine import CheckTimeout, Ctx, Failure, LearnerCrash, NotImplementedYet, run_body, time_limit
+from grader.engine import (Check, CheckTimeout, Ctx, Failure, LearnerCrash, NotImplementedYet, run_body, run_check,
+                           time_limit)
 
 
 # -- report.compare ---------------------------------------------------------------------------------------
@@ -314,6 +315,24 @@ def test_no_limit_means_none(seconds):
     with time_limit(seconds):
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
         _spin(0.3)
+
+
+def test_a_timeout_a_library_turns_into_its_own_error_is_still_a_timeout(ctx):
+    """Hypothesis, replaying a failing example, may call the CheckTimeout raised there "flaky" and raise its own
+    error: the check timed out all the same, and is never called an internal grader error."""
+    def renamed(c):
+        try:
+            _spin(30)
+        except CheckTimeout as exc:
+            raise RuntimeError("Inconsistent results from replaying a test case") from exc
+
+    result = run_check(Check("00", "a check", renamed, ""), ctx, (), 0.2)
+    assert result.status == "timeout" and "internal grader error" not in result.message, result.message
+
+    def own_error(c):
+        raise RuntimeError("the grader's own bug")
+
+    assert run_check(Check("00", "a check", own_error, ""), ctx, (), 5).status == "error"  # no alarm: an error
 
 
 def test_outside_the_main_thread_there_is_no_limit_and_no_error():

@@ -430,20 +430,31 @@ def _same_snapshot(value, snap) -> bool:
     return True
 
 
+class Alarm:
+    """What a ``time_limit`` did: ``fired`` is the CheckTimeout it raised, or None while the time has not run out.
+    A library between the limit and its caller may turn that exception into one of its own (Hypothesis, replaying
+    an example, calls a CheckTimeout "flaky"): the caller asks ``fired``, not the exception it received."""
+
+    def __init__(self):
+        self.fired: CheckTimeout | None = None
+
+
 @contextmanager
 def time_limit(seconds: float | None):
-    """Raise CheckTimeout in the main thread after ``seconds`` (no limit elsewhere or when None)."""
+    """Raise CheckTimeout in the main thread after ``seconds`` (no limit elsewhere or when None); yields an Alarm."""
+    alarm = Alarm()
     if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
+        yield alarm
         return
 
     def on_alarm(signum, frame):
-        raise CheckTimeout()
+        alarm.fired = CheckTimeout()
+        raise alarm.fired
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        yield alarm
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

@@ -18,16 +18,15 @@ def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0)
     """Run one check; never raises for anything the learner's code does."""
     started = time.perf_counter()
     ctx.calls, ctx.running, ctx.seen = 0, check.id, {}
+    alarm = None
     try:
-        with time_limit(timeout):
+        with time_limit(timeout) as alarm:
             check.func(ctx)
     except NotImplementedYet as exc:
         return Result(check, "not-implemented", report.NOT_IMPLEMENTED.format(name=exc.name),
                       seconds=time.perf_counter() - started)
     except CheckTimeout as exc:
-        hung = hangs.stop(ctx.target, exc, check.title, check.uses)
-        message = report.TIMED_OUT.format(seconds=timeout) + (hangs.HUNG_IN.format(name=hung) if hung else "")
-        return Result(check, "timeout", message, seconds=time.perf_counter() - started)
+        return _timed_out(check, ctx, exc, timeout, started)
     except hangs.NotRun as exc:
         return Result(check, "not-run", exc.message, seconds=time.perf_counter() - started)
     except Failure as failure:
@@ -36,10 +35,18 @@ def run_check(check: Check, ctx: Ctx, mistakes=(), timeout: float | None = 60.0)
         failed = Result(check, "fail", failure.message, seconds=time.perf_counter() - started, failure=failure)
         return explain(failed, ctx, mistakes) if mistakes else failed
     except (GraderBug, Exception) as exc:  # not the learner's doing: say so plainly, with the trace
+        if alarm is not None and alarm.fired is not None:  # the time ran out, and a library renamed the timeout
+            return _timed_out(check, ctx, alarm.fired, timeout, started)
         trace = "".join(traceback.format_exception(exc)).rstrip()
         return Result(check, "error", f"internal grader error (not your fault; please report it):\n{trace}",
                       seconds=time.perf_counter() - started)
     return Result(check, "pass", seconds=time.perf_counter() - started)
+
+
+def _timed_out(check: Check, ctx: Ctx, exc: CheckTimeout, timeout: float | None, started: float) -> Result:
+    hung = hangs.stop(ctx.target, exc, check.title, check.uses)
+    message = report.TIMED_OUT.format(seconds=timeout) + (hangs.HUNG_IN.format(name=hung) if hung else "")
+    return Result(check, "timeout", message, seconds=time.perf_counter() - started)
 
 
 def explain(result: Result, ctx: Ctx, mistakes) -> Result:
