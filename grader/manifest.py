@@ -85,10 +85,24 @@ class Kata:
 
 
 @lru_cache(maxsize=None)
+def _raw(path: Path) -> dict:
+    with open(path, "rb") as handle:
+        return tomllib.load(handle)
+
+
+@lru_cache(maxsize=None)
+def levels(path: Path = MANIFEST_FILE) -> dict[int, str]:
+    """Every level's name by its number, in order (the manifest's [levels])."""
+    raw = _raw(path).get("levels", {})
+    if not raw or not all(key.isdigit() and isinstance(name, str) and name for key, name in raw.items()):
+        raise ValueError(f"{path}: [levels] must name each level by its number, as in 1 = \"foundations\"")
+    return dict(sorted((int(key), name) for key, name in raw.items()))
+
+
+@lru_cache(maxsize=None)
 def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
     """All katas by id, in manifest order."""
-    with open(path, "rb") as handle:
-        raw = tomllib.load(handle)
+    raw = _raw(path)
     katas: dict[str, Kata] = {}
     for entry in raw.get("kata", []):
         followups = tuple(_followup(f, entry["id"]) for f in entry.get("followup", []))
@@ -107,6 +121,8 @@ def load(path: Path = MANIFEST_FILE) -> dict[str, Kata]:
         )
         if kata.id in katas:
             raise ValueError(f"{path}: kata id {kata.id!r} appears twice")
+        if kata.level not in levels(path):
+            raise ValueError(f"{path}: kata {kata.id}: level {kata.level} is not in [levels] ({', '.join(map(str, levels(path)))})")
         katas[kata.id] = kata
     return katas
 
@@ -191,10 +207,6 @@ def get(kata_id: str) -> Kata:
     if key not in katas:
         raise ValueError(f"unknown kata {kata_id!r}; valid ids: {', '.join(katas)}")
     return katas[key]
-
-
-def levels() -> dict[int, str]:
-    return {1: "foundations", 2: "serving memory", 3: "systems", 4: "beyond", 5: "the whole system"}
 
 
 def markdown_table() -> str:

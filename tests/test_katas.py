@@ -31,6 +31,17 @@ def test_manifest_and_folders_agree_both_ways():
         assert len(mistakes.catalogue(kata.id)) >= 4, f"kata {kata.id} has fewer than 4 known mistakes"
 
 
+def test_every_level_is_named_in_the_manifest_and_a_handouts_manifest_keeps_the_names(tmp_path):
+    from grader.classroom import handouts
+    assert list(manifest.levels()) == list(range(1, max(manifest.levels()) + 1))
+    assert {k.level for k in KATAS} == set(manifest.levels()), "a level with no kata, or a kata with no level"
+    (tmp_path / "m.toml").write_text(handouts.manifest_text({"01", "03"}), encoding="utf-8")
+    assert list(manifest.load(tmp_path / "m.toml")) == ["01", "03"] and manifest.levels(tmp_path / "m.toml") == manifest.levels()
+    (tmp_path / "bad.toml").write_text(handouts.manifest_text({"01"}).replace('1 = "foundations"\n', ""), encoding="utf-8")
+    with pytest.raises(ValueError, match="level 1 is not in \\[levels\\]"):
+        manifest.load(tmp_path / "bad.toml")
+
+
 @pytest.mark.parametrize("kata", KATAS, ids=IDS)
 def test_stub_and_solution_expose_the_same_api(kata):
     stub, solution = conformance.public_api(ROOT / kata.stub), conformance.public_api(ROOT / kata.solution)
