@@ -27,7 +27,7 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys, monkeypatch):
     (progress,) = made
     assert progress.done == progress.total == progress.first_total
     assert {"machine", "append", "generate", "memory", "quantized", "prefix_cache", "beam", "speculative",
-            "serving", "targets"} <= result.keys()
+            "serving", "latent", "hybrid", "targets"} <= result.keys()
     assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
     assert {(r["cache"], r["tokens"]) for r in result["append"]} == {
         (c, n) for c in ("concat", "preallocated", "paged-16", "paged-64") for n in (32, 64)}
@@ -61,6 +61,11 @@ def test_bench_runs_small_and_reports_every_part(tmp_path, capsys, monkeypatch):
     assert [r["tokens"] for r in offload] == [32, 64] and all(r["misses"] == 0 for r in offload)
     assert all(r["device_kv_bytes_offloaded"] * r["layers"] <= 2 * r["device_kv_bytes_default"] for r in offload)
     assert all(r["d2h_bytes_per_step"] < r["d2h_bytes_per_step_whole_layers"] for r in offload)
+    assert [r["S"] for r in result["latent"]] == [32, 64]
+    assert all(r["naive_flops"] > r["absorbed_flops"] and r["max_diff"] < 1e-3 for r in result["latent"])
+    assert [r["model"] for r in result["hybrid"]] == list(bench.bench_k20.MODELS)
+    assert all(r["hybrid"]["bytes"] == r["hybrid"]["formula"] and r["hybrid"]["seq_len"] == 64 + 4
+               for r in result["hybrid"])  # (a linear layer's state outweighs 68 tokens: no ratio is promised here)
     json.dumps(result)  # serialisable as --json writes it
 
 

@@ -44,3 +44,17 @@ def test_each_policy_keeps_its_budget_at_true_positions(tiny, policy):
     assert (pos[..., -1] == CONTEXT - 1).all() and (pos.diff(dim=-1) > 0).all()
     if policy == "sinks":
         assert pos[0, 0, :bench.SINKS].tolist() == list(range(bench.SINKS))
+
+
+def test_the_suites_eviction_section_reads_one_stretch_with_every_policy(tiny, monkeypatch):
+    """``kvkata bench --real-model``'s kata 21 section (grader.bench.suite.bench_eviction), on the small model."""
+    from types import SimpleNamespace
+    from grader.bench import suite
+    monkeypatch.setattr(bench, "CONTEXT", CONTEXT)
+    monkeypatch.setattr(bench, "NEXT", 11)
+    monkeypatch.setattr(suite.bench_k07, "corpus", lambda tokenizer, n: IDS[:n] + [0] * 5)
+    progress = suite.Progress(1, quiet=True)
+    rows = suite.bench_eviction(SimpleNamespace(model=tiny, tokenizer=None), progress, budgets=(20,))
+    assert [(r["policy"], r["budget"]) for r in rows] == [("full", CONTEXT)] + [(p, 20) for p in bench.POLICIES]
+    assert all(r["ppl"] > 1 for r in rows) and progress.done == progress.total == 1
+    assert "full cache:" in bench.table(rows)

