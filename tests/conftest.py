@@ -276,3 +276,14 @@ def grade_in_turn() -> _InTurn:
     about the others (their outputs on the further inputs that tell them apart), less work than each
     from nothing. A test's time then depends only on the same kata's tests just before it."""
     return _InTurn()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A small random Llama (2 layers, 4 query heads over 2 KV heads, a vocabulary of 64), the same in every test."""
+    import torch
+    from grader.nn import Llama, LlamaConfig
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, rope_theta=100000.0)
+    return Llama(config).eval()

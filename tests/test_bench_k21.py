@@ -6,17 +6,8 @@ import pytest
 import torch
 
 from grader.bench import k21 as bench
-from grader.nn import Llama, LlamaConfig
 
 CONTEXT = 24
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, rope_theta=100000.0)
-    return Llama(config).eval()
 
 
 IDS = [int(i) for i in torch.randint(0, 64, (36,), generator=torch.Generator().manual_seed(1))]

@@ -9,15 +9,6 @@ from grader import manifest
 from grader.bench import k07 as bench_k07
 from grader.bench import k09 as bench_k09
 from grader.engine import targets
-from grader.nn import Llama, LlamaConfig
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, rope_theta=100000.0)
-    return Llama(config).eval()
 
 
 def _plain_nll(model, ids):
