@@ -170,6 +170,9 @@ def row(run, settings, memo=None) -> dict:
         note = (note + "; " if note else "") + f"printed {run.output_bytes} bytes (kept the first {len(run.output)})"
     if run.leftovers:
         note = (note + "; " if note else "") + f"left {run.leftovers} process(es) running, killed"
+    if getattr(run, "out_of_memory", False):
+        note = (note + "; " if note else "") + (f"its processes together reached the memory limit "
+                                                f"({settings.memory_mb} MB beyond the grader's own)")
     entry = _row(run.job, made, status, note, run.seconds)
     entry["output"] = run.output.decode("utf-8", errors="replace")
     return entry

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from grader import manifest
-from grader.classroom.cohort import confine
+from grader.classroom.cohort import cgroups, confine
 
 WORKER = "grader.classroom.cohort.worker"  # the module each worker runs
 
@@ -41,6 +41,10 @@ def walls() -> dict:
         _PROBED.append(confine.probe())
         found = _PROBED[0]
         found["drop"] = confine.can_drop(str(manifest.PACKAGE_DIR))
+        found["cgroups"] = cgroups.probe()
+        if not found["cgroups"]:
+            print("kvkata: no control group of its own for each worker (a writable cgroup v1 memory and pids "
+                  "hierarchy): the memory budget holds each process of a worker alone", file=sys.stderr)
         if os.geteuid() == 0 and not found["drop"]:
             print("kvkata: running as root, and the interpreter or its packages are not readable by other users: "
                   "the workers keep root's uid (the kernel's walls still hold)", file=sys.stderr)

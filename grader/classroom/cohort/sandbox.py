@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader import manifest
-from grader.classroom.cohort import confine
+from grader.classroom.cohort import cgroups, confine
 from grader.classroom.cohort import launch
 from grader.classroom.cohort.launch import (Forked, _environment, _namespace, _server_folders, needs_peers, start_server,
                                             stop_server, sweep, walls)
@@ -80,7 +80,8 @@ class Run:
     output_bytes: int = 0
     started: bool = False  # the grader started in the worker (out/ready.pt), so the learner's code may have run
     startup_timed_out: bool = False
-    leftovers: int = 0  # processes still alive in its namespace when the worker ended, killed then
+    leftovers: int = 0  # processes still alive in its namespace or group when the worker ended, killed then
+    out_of_memory: bool = False  # its control group reached its memory ceiling (grader.classroom.cohort.cgroups)
 
 
 def find_file(root: Path, kata: manifest.Kata) -> Path | None:
@@ -144,10 +145,21 @@ def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings:
     shutil.copyfile(job.file, sandbox / "submission" / job.kata.file)
     records(job.kata, sandbox / "out")
     spec = _spec(job, sandbox, workdir.resolve(), roots, settings)
+    group = cgroups.Group(f"kvkata-{os.getpid()}-{index:04d}") if (settings.walls or {}).get("cgroups") else None
+    if group is not None:
+        spec["cgroup"] = group.spec()
     (sandbox / "spec.json").write_text(json.dumps(spec))
     if spec["uid"] is not None:
         hand_over(sandbox, spec["uid"])
     run = Run(job, sandbox)
+    try:
+        return _started(job, run, sandbox, settings, live, group)
+    finally:
+        if group is not None:
+            group.remove()
+
+
+def _started(job: Job, run: Run, sandbox: Path, settings: Settings, live: set, group) -> Run:
     if settings.warm:
         proc = Forked(sandbox / "spec.json", _environment(sandbox))
     else:
@@ -161,6 +173,9 @@ def run_worker(job: Job, index: int, workdir: Path, roots: list[Path], settings:
         wait(proc, run, settings)
     finally:
         live.discard(proc)
+        if group is not None:  # whatever is left in the group, wherever it went
+            run.leftovers += group.kill()
+            run.out_of_memory = group.out_of_memory()
     reader.join(timeout=10)
     return run
 

@@ -15,7 +15,9 @@
    that dies before it could not even start, and the parent reports that as the grader's error;
 5. caps its address space at what it maps now plus the memory budget, so the budget limits what
    the learner's code allocates, not torch's own libraries (the CUDA build maps gigabytes at
-   import); on a CUDA device the learner's device memory is capped at the budget too;
+   import); on a CUDA device the learner's device memory is capped at the budget too; where the grader
+   made it a control group (grader.classroom.cohort.cgroups), it joined that group before step 2's walls,
+   and the group's ceiling holds it and every process it starts together;
 6. imports the learner's file (a copy in the sandbox) and runs every check with a RecordingCtx,
    writing one record a check into ``out/`` (plain data, see grader.engine.plain), with what the audit hook
    and the snapshot found.
@@ -32,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from grader.classroom.cohort import confine
+from grader.classroom.cohort import cgroups, confine
 from grader.classroom.cohort.guard import Guard
 
 RECORD_MARGIN = 1.0  # seconds kept, of a kata's time, to write the record of a check that ran out of time
@@ -133,6 +135,7 @@ def grade(spec: dict) -> int:
     device = torch.device(spec["device"])
     reference = hidden_reference(kata)
     kata_checks = list(checks.for_kata(kata.id).all)
+    cgroups.join(spec.get("cgroup"), int(spec.get("memory_mb") or 0) * 2**20)  # while it may still write there
     confine.confine(spec)
     warm_up(device)
     guard = Guard(spec)
