@@ -103,7 +103,7 @@ def eviction_order(ctx):
 
 @CHECKS.add("random programs of the tree match the reference", uses="RadixCache.match")
 def random_tree_programs(ctx):
-    ctx.forall(tree_programs(max_ops=24), replay_tree, max_examples=30)
+    ctx.forall(tree_programs(max_ops=20), replay_tree, max_examples=20)
 
 
 # -- pinned pool programs ---------------------------------------------------------------------------
@@ -182,6 +182,7 @@ def rejects_bad_input(ctx):
         cases = [("RadixCache().match([])", tree.match, ([],), ("tokens",)),
                  ("insert([], [])", tree.insert, ([], []), ("tokens",)),
                  ("insert([1, 2], [5])", tree.insert, ([1, 2], [5]), ("slots",)),
+                 ("insert([1], [5, 6])", tree.insert, ([1], [5, 6]), ("slots",)),
                  (f"match([1, 2], max_len={ex['cap']!r})", tree.match, ([1, 2], ex["cap"]), ("max_len",)),
                  ("unlock of a matched node never locked", tree.unlock, (node,), ("node",)),
                  (f"PrefixPool({bad!r})", api.PrefixPool, (bad,), ("num_slots",)),

@@ -38,7 +38,7 @@ class RadixCache:
     def __init__(self):
         """An empty tree: only the root, all sizes 0."""
         self._births = itertools.count()
-        self.root = _Node(None, [], [], -1, next(self._births))
+        self.root = _Node(None, [], [], 0, next(self._births))  # never evicted: its stamp is never read
         self._clock = 0
         self._evictable = self._protected = self._nodes = 0  # tokens unlocked, tokens locked, nodes
 
@@ -167,7 +167,6 @@ class PrefixPool:
     def __init__(self, num_slots: int):
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots: expected an int >= 1, got {num_slots!r}")
-        self.num_slots = num_slots
         self.cache = RadixCache()
         self._free = list(range(num_slots))  # a min-heap: the lowest free slot is handed out first
         self._requests: dict = {}  # req_id -> [tokens, slots, reused, locked node]
