@@ -148,36 +148,53 @@ class _Replay:
         return want, getattr(mine_obj, name)(*mine_args)
 
 
-class TreeReplay(_Replay):
-    def run(self) -> None:
-        ref, mine = self.c.ref.RadixCache(), self.c.t.RadixCache()
-        handles: list = []  # (reference's node, learner's node) per match
-        for self.step, op in enumerate(self.ex["ops"]):
-            kind = op[0]
-            if kind in ("lock", "unlock"):
-                (want_node, got_node), = [handles[op[1]]]
-                out = self.call_both(kind, ref, mine, (want_node,), (got_node,))
-            else:
-                out = self.call_both(kind, ref, mine, op[1:])
-            if out is not ValueError and kind in ("match", "insert", "evict"):
-                handle = self.compare(kind, *out)
-                if kind == "match":
-                    handles.append(handle)
-            self.sizes(mine, ref)
-
-    def compare(self, kind, want, got):
-        op = self.ex["ops"][self.step]
+def _tree_step(tree, nodes: list, op):
+    """One step of a tree program; match keeps its node in ``nodes``. A ValueError is a result too."""
+    kind = op[0]
+    try:
         if kind == "match":
-            self.pinned(list(want[0]))
+            got = tree.match(op[1], op[2])
             if not isinstance(got, tuple) or len(got) != 2:
-                self.fail(f"{say(op)} returned {got!r}; expected a pair (slots, node)", ("not a pair",))
-            self.same("the slots match returned", got[0], want[0], " (the slots of the longest cached prefix)")
-            return want[1], got[1]
-        self.pinned(want)
-        why = {"insert": " (how many leading tokens were cached already)",
-               "evict": " (the slots of the leaves evicted, least recently used first)"}[kind]
-        self.same(f"what {say(op)} returned", got, want, why)
-        return None
+                nodes.append(None)
+                return ("not a pair", repr(got))
+            nodes.append(got[1])
+            return got[0]
+        if kind in ("lock", "unlock"):
+            return getattr(tree, kind)(nodes[op[1]])
+        return tree.insert(op[1], op[2]) if kind == "insert" else tree.evict(op[1])
+    except ValueError:
+        return "ValueError"
+
+
+def trace_tree(api, ex) -> list:
+    """The whole program on ``api``'s RadixCache, as plain data: each step's result and sizes."""
+    tree, nodes = api.RadixCache(), []
+    return [{"result": _tree_step(tree, nodes, op), "sizes": [getattr(tree, n) for n in SIZES]} for op in ex["ops"]]
+
+
+class TreeReplay(_Replay):
+    WHY = {"match": " (the slots of the longest cached prefix)",
+           "insert": " (how many leading tokens were cached already)",
+           "evict": " (the slots of the leaves evicted, least recently used first)", "lock": "", "unlock": ""}
+
+    def run(self) -> None:
+        want = self.c.expected(self.ex, trace_tree, "the program")
+        mine, nodes = self.c.t.RadixCache(), []
+        for self.step, op in enumerate(self.ex["ops"]):
+            expected = want[self.step]
+            self.pinned(expected["result"])
+            got = _tree_step(mine, nodes, op)
+            if isinstance(got, tuple) and got[:1] == ("not a pair",):
+                self.fail(f"{say(op)} returned {got[1]}; expected a pair (slots, node)", ("not a pair",))
+            if got != expected["result"]:
+                if "ValueError" in (got, expected["result"]):
+                    self.fail(f"{say(op)} {'raised' if got == 'ValueError' else 'returned ' + repr(got) + ','} "
+                              f"{'but it is valid' if got == 'ValueError' else 'but it must raise ValueError'}",
+                              ("ValueError", got == "ValueError"))
+                self.fail(f"{say(op)} returned {got!r}, expected {expected['result']!r}{self.WHY[op[0]]}",
+                          (op[0], got))
+            for name, value in zip(SIZES, expected["sizes"]):
+                self.same(name, getattr(mine, name), value)
 
 
 class PoolReplay(_Replay):
