@@ -33,8 +33,9 @@
    quantization errors and perplexity (kata 09, ``grader.bench.k09``), and self-speculation with the
    model's first layers as the draft (kata 12, ``grader.bench.k12``); kata 04's formula, kata 10's hit
    rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench.smollm2``);
-   and the perplexity after cutting the cache by position or by attention score (kata 21,
-   ``grader.bench.k21``: one 640-token stretch of text, budgets 128 and 64).
+   the prompt tokens kata 22's radix tree reuses on the same chats (``grader.bench.k22``); and the perplexity
+   after cutting the cache by position or by attention score (kata 21, ``grader.bench.k21``: one 640-token
+   stretch of text, budgets 128 and 64).
 
 ``--roofline`` measures only this machine's roofline and places kata 08's loop on it, counted by
 kata 18 (``grader.bench.roofline``).
@@ -69,6 +70,7 @@ from grader.bench import k17 as bench_k17
 from grader.bench import k19 as bench_k19
 from grader.bench import k20 as bench_k20
 from grader.bench import k21 as bench_k21
+from grader.bench import k22 as bench_k22
 from grader.bench import noise as bench_noise
 from grader.bench import roofline as bench_roofline
 from grader.bench import smollm2 as bench_smollm2
@@ -461,13 +463,15 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["latent"] = bench_latent(lengths, device, progress)
     result["hybrid"] = bench_k20.bench_hybrid(hybrid_tokens(lengths), 4 if quick else 8, progress=progress)
     if real_model:
-        progress.total += 18 + 1
+        progress.total += 18 + 1 + 1
         result["streaming"] = bench_k07.bench_streaming(device, progress)
         result["kivi_real"] = bench_k09.bench_real(device, progress)
         result["self_speculation"] = bench_k12.bench_self_speculation(device, progress)
         smollm2 = models.load(models.SMOLLM2, device=device)
         result["smollm2"] = {"memory": bench_smollm2.bench_memory(smollm2, progress),
-                             "prefix_cache": bench_smollm2.bench_prefix(smollm2, progress)}
+                             "prefix_cache": bench_smollm2.bench_prefix(smollm2, progress),
+                             "radix": bench_k22.compare([smollm2.chat(q) for q in bench_smollm2.QUESTIONS], progress,
+                                                        block_sizes=())}
         try:
             result["smollm2"]["generate"] = bench_smollm2.bench_generate(smollm2, progress) if hf else []
         except ImportError:
@@ -525,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(bench_k07.lines(result["streaming"]) + [bench_k09.real_table(result["kivi_real"])]
                         + ["kata 21, perplexity after the cache is cut (SmolLM2, one stretch of text):",
                            bench_k21.table(result["eviction"])]))
+    if args.real_model:
+        radix, chats = result["smollm2"]["radix"], result["smollm2"]["prefix_cache"]
+        print(f"SmolLM2 chats: kata 22's radix tree reuses {radix['radix']['reused_tokens']} of {radix['prompt_tokens']} "
+              "prompt tokens; kata 10's blocks " + ", ".join(f"of {r['block_size']}: {r['reused_tokens']}" for r in chats))
     for row in result["prefix_cache"]:
         print(f"prefix cache, {row['mode']}: {row['requests']} requests sharing a {row['prefix']}-token prompt "
               f"prefill {row['computed_with']:,} of {row['prompt_tokens']:,} tokens (hit rate {row['hit_rate']:.1%})")
