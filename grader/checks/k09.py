@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from grader.engine import report
 from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import DTYPES, SEEDS, expect_value_error, randn
+from grader.checks import k09_fp8_checks
 from grader.checks.k09_programs import D_CHOICES, EPS, Replay, codes_problem, formula_nbytes, grid_problem, programs, stream
 from grader.engine import Checks
 
@@ -544,3 +545,6 @@ def _device_scenario(s):
 def keeps_the_device(ctx):
     ctx.case({"x": (1, 2, 8, 4), "n_bits": 4, "residual_len": 4},
              lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))
+
+
+k09_fp8_checks.register(CHECKS)  # task 6, the FP8 cache
