@@ -539,9 +539,10 @@ def _device_scenario(s):
     s.call("QuantizedKVCache(4, 4).update(0, k_new, v_new) with 3 tokens", cache.update, 0, kv[0], kv[1])
     s.call("update(0, k_new, v_new) with 4 more tokens (one group quantized)", cache.update, 0, kv[2], kv[3])
     s.call("update(0, k_new, v_new) with 1 more token (a second group)", cache.update, 0, kv[4], kv[5])
+    k09_fp8_checks.device_scenario(s)
 
 
-@CHECKS.add("quantize, pack and the cache keep every tensor on the inputs' device", uses="quantize")
+@CHECKS.add("every function, task 6's FP8 cache included, keeps the inputs' device", uses="FP8KVCache")
 def keeps_the_device(ctx):
     ctx.case({"x": (1, 2, 8, 4), "n_bits": 4, "residual_len": 4},
              lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))
