@@ -225,6 +225,10 @@ def register(CHECKS) -> None:
                                           "dtype": st.sampled_from([torch.float64, torch.float32, *HALVES])}),
                    _dequantize_body, max_examples=8)
 
+    _register_cache(CHECKS)
+
+
+def _register_cache(CHECKS) -> None:
     @CHECKS.add("FP8KVCache: drawn programs, frozen and per-update scales, saturation, seq_len and nbytes",
                 uses="FP8KVCache")
     def fp8_cache_programs(ctx):

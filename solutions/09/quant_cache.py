@@ -263,8 +263,7 @@ class FP8KVCache:
             k_scale, v_scale = fp8_scale(k_new, self.fmt, self.per_head), fp8_scale(v_new, self.fmt, self.per_head)
         chunk = (fp8_quantize(k_new, k_scale, self.fmt), k_scale, fp8_quantize(v_new, v_scale, self.fmt), v_scale)
         self._chunks[layer] = chunks + [chunk]
-        self._dtype[layer] = k_new.dtype
-        dtype = k_new.dtype
+        self._dtype[layer] = dtype = k_new.dtype
         K = torch.cat([fp8_dequantize(kc, ks, dtype) for kc, ks, _, _ in self._chunks[layer]], 2)
         V = torch.cat([fp8_dequantize(vc, vs, dtype) for _, _, vc, vs in self._chunks[layer]], 2)
         return K, V  # (B, Hkv, S, D)
@@ -279,7 +278,7 @@ class FP8KVCache:
         if layer is None:
             return sum(self.nbytes(held) for held in self._chunks)
         _check_layer(layer)
-        chunks = self._chunks.get(layer, [])
+        chunks = self._chunks.get(layer, [])  # a frozen layer holds its first scales only
         codes = sum(kc.numel() + vc.numel() for kc, _, vc, _ in chunks)
         scales = chunks[:1] if self.frozen else chunks
         return codes + sum(4 * (ks.numel() + vs.numel()) for _, ks, _, vs in scales)
