@@ -19,7 +19,8 @@ def _scale_body(c, ex):
     if ex.get("negative"):  # the largest magnitude is negative: amax of |x|, not of x
         x = -x.abs()
     call = f"fp8_scale(x of shape {tuple(x.shape)} in {x.dtype}, {ex['fmt']!r}, per_head={ex['per_head']})"
-    got = c.call(c.t.fp8_scale, x, ex["fmt"], ex["per_head"])
+    args = (x, ex["fmt"], True) if ex["per_head"] else (x, ex["fmt"])  # per tensor: the default
+    got = c.call(c.t.fp8_scale, *args)
     want = want_scale(x, ex["fmt"], ex["per_head"])
     if not isinstance(got, torch.Tensor) or got.dtype != torch.float32 or tuple(got.shape) != tuple(want.shape):
         c.fail(f"{call} returned {report.describe(got)}; expected float32 of shape {tuple(want.shape)} (() per "
@@ -88,11 +89,11 @@ def _replay(c, ex):
         _judge_layer(c, ex, where, held[layer], out)
         want = tuple(formula_nbytes(ex, sum(x.shape[2] for x, _ in held[j]), len(held[j])) for j in held)
         got = tuple(cache.nbytes(j) for j in held)
-        lens = tuple(cache.seq_len(j) for j in held)
-        if got != want or cache.nbytes() != sum(want) or lens != tuple(sum(x.shape[2] for x, _ in held[j])
-                                                                       for j in held):
+        lens = tuple(cache.seq_len(j) for j in held) + (cache.seq_len(),)
+        seen = tuple(sum(x.shape[2] for x, _ in held[j]) for j in held)
+        if got != want or cache.nbytes() != sum(want) or lens != seen + seen[:1]:
             c.fail(f"{where}: nbytes per layer {got}, nbytes() {cache.nbytes()!r}, seq_len per layer {lens}; "
-                   f"expected nbytes {want} (a byte per code, 4 per float32 scale; a frozen layer holds one set of "
+                   f"expected seq_len {seen} (seq_len() is layer 0's) and nbytes {want} (a byte per code, 4 per float32 scale; a frozen layer holds one set of "
                    "scales, otherwise one set per update)", ex, ("nbytes", got, cache.nbytes(), lens))
 
 
@@ -143,6 +144,10 @@ def _rejects(c, ex):
     cases = [("fp8_scale with fmt='e3m4'", api.fp8_scale, (x, "e3m4"), ("fmt",)),
              ("fp8_scale of an integer x", api.fp8_scale, (x.long(), "e4m3"), ("x",)),
              ("fp8_scale per head of a 2-D x", api.fp8_scale, (x[0, 0], "e4m3", True), ("x",)),
+             ("fp8_scale per head of a 5-D x", api.fp8_scale, (x[None], "e4m3", True), ("x",)),
+             ("fp8_scale of an empty x", api.fp8_scale, (x[:, :, :0], "e4m3"), ("x",)),
+             ("fp8_quantize of a 0-d x with 2 scales", api.fp8_quantize,
+              (x[0, 0, 0, 0], torch.full((2,), 0.5, device=c.device), "e4m3"), ("scale",)),
              ("fp8_quantize with fmt='int8'", api.fp8_quantize, (x, s, "int8"), ("fmt",)),
              ("fp8_quantize with a float64 scale", api.fp8_quantize, (x, s.double(), "e4m3"), ("scale",)),
              ("fp8_quantize with a scale of 0", api.fp8_quantize, (x, s * 0, "e4m3"), ("scale",)),
@@ -166,7 +171,11 @@ def _rejects(c, ex):
                               ("update with v_new in float64", (0, x, x.double()), ("v_new",)),
                               ("update of layer 0 with k_new, v_new of 1 head", (0, x[:, :1], x[:, :1]), ("k_new",)),
                               ("update of layer 0 with k_new, v_new in float64", (0, x.double(), x.double()),
-                               ("k_new",))):
+                               ("k_new",)),
+                              ("update of layer 0 (B 1) with k_new, v_new of batch 2", (0, torch.cat([x, x]),
+                                                                                        torch.cat([x, x])), ("k_new",)),
+                              ("update of layer 0 (D 4) with k_new, v_new of width 8",
+                               (0, torch.cat([x, x], 3), torch.cat([x, x], 3)), ("k_new",))):
         expect_value_error(c, cache.update, *args, what=what, names=names, example=ex)
     expect_value_error(c, cache.seq_len, -1, what="seq_len(-1)", names=("layer",), example=ex)
     expect_value_error(c, cache.nbytes, 1.5, what="nbytes(1.5)", names=("layer",), example=ex)
