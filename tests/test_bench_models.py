@@ -54,6 +54,20 @@ def test_per_channel_keys_beat_per_token_keys_when_channels_are_outliers():
     assert set(found["outliers"]) == set(bench_k09.OUTLIERS)
 
 
+def test_the_fp8_section_finds_e4m3_closer_than_e5m2_and_counts_saturation(tiny):
+    from types import SimpleNamespace
+
+    ref = targets.reference(manifest.get("09")).namespace
+    quiet = SimpleNamespace(step=lambda *a: None)
+    result = bench_k09.bench_real_fp8(SimpleNamespace(model=tiny), IDS, ref, quiet, calibrate=4)
+    error = {(r["fmt"], r["per_head"]): r for r in result["rows"]}
+    for per_head in (False, True):
+        assert 0 < error["e4m3", per_head]["keys"] < error["e5m2", per_head]["keys"] < 0.1
+    assert result["elements"] == 2 * 2 * len(IDS) * 8  # 2 layers, 2 KV heads of width 8
+    assert 0 <= result["saturated"] < result["elements"]
+    assert "per head" in bench_k09.fp8_table(result)
+
+
 @pytest.mark.parametrize("name", ["plot_streaming", "plot_kivi", "plot_roofline"])
 def test_the_saved_measurements_are_drawn(name):
     pytest.importorskip("matplotlib")

@@ -175,6 +175,46 @@ def bench_real_errors(loaded, ids: list[int], ref: dict, progress, group: int = 
     return rows
 
 
+def _fp8_error(ref: dict, x: torch.Tensor, fmt: str, per_head: bool) -> float:
+    """Relative error of ``x`` (1, Hkv, S, D) through the reference's FP8 cast, one scale for all of it."""
+    scale = ref["fp8_scale"](x, fmt, per_head)
+    back = ref["fp8_dequantize"](ref["fp8_quantize"](x, scale, fmt), scale, x.dtype)
+    return ((back - x).norm() / x.norm()).item()
+
+
+@torch.no_grad()
+def bench_real_fp8(loaded, ids: list[int], ref: dict, progress, calibrate: int = 64) -> dict:
+    """Task 6 on the real cache: the relative error of e4m3 and e5m2 per tensor and per head (mean over
+    layers), and how many key elements a scale frozen after ``calibrate`` tokens pushes past 448."""
+    capture = _Capture()
+    loaded.model(torch.tensor([ids], device=loaded.model.device), cache=capture)
+    layers = sorted(capture.k)
+    rows = []
+    for fmt, per_head in (("e4m3", False), ("e4m3", True), ("e5m2", False), ("e5m2", True)):
+        row = {"fmt": fmt, "per_head": per_head, "tokens": len(ids)}
+        for name, stash in (("keys", capture.k), ("values", capture.v)):
+            row[name] = sum(_fp8_error(ref, stash[i].float(), fmt, per_head) for i in layers) / len(layers)
+        rows.append(row)
+        progress.step(f"real FP8 {fmt} {'per head' if per_head else 'per tensor'}",
+                      f"keys {row['keys']:.4f}, values {row['values']:.4f}")
+    past = sum(int((capture.k[i].float().abs() > 448 * ref["fp8_scale"](capture.k[i][:, :, :calibrate].float(), "e4m3")
+                    ).sum()) for i in layers)
+    total = sum(capture.k[i].numel() for i in layers)
+    progress.step(f"real FP8 scale frozen after {calibrate} tokens", f"{past} of {total} key elements saturate")
+    return {"rows": rows, "frozen_after": calibrate, "saturated": past, "elements": total}
+
+
+def fp8_table(result: dict) -> str:
+    """Markdown: FP8 error by format and scale."""
+    out = ["| format | scale | keys | values |", "|---|---|---:|---:|"]
+    for r in result["rows"]:
+        out.append(f"| {r['fmt']} | {'per head' if r['per_head'] else 'per tensor'} | {r['keys']:.4f} | "
+                   f"{r['values']:.4f} |")
+    out.append(f"\nA key scale (e4m3) frozen after {result['frozen_after']} tokens: {result['saturated']:,} of "
+               f"{result['elements']:,} key elements past 448, saturated.")
+    return "\n".join(out)
+
+
 @torch.inference_mode()
 def quantized_nll(model, ids: list[int], cache, prefill: int) -> torch.Tensor:
     """NLL of tokens 1 … N-1 (N-1,) read through ``cache``: ``prefill`` tokens in one chunk, then one at a time."""
@@ -207,6 +247,7 @@ def bench_real(device, progress, tokens: int = 512, spec: str = "solution") -> d
     target = targets.resolve(manifest.get("09"), spec)
     ids = bench_k07.corpus(loaded.tokenizer, tokens)
     return {"impl": target.label, "errors": bench_real_errors(loaded, ids, reference("09"), progress),
+            "fp8": bench_real_fp8(loaded, ids, reference("09"), progress),
             "perplexity": bench_real_perplexity(loaded, ids, target.namespace["QuantizedKVCache"], progress)}
 
 
@@ -238,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_k09: error: {exc or type(exc).__name__}", file=sys.stderr)
         return 2
     print(real_table(result))
+    print(fp8_table(result["fp8"]))
     return 0
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from grader.engine import report
 from grader.checks.support import devices, envelope, protocol
 from grader.checks.support.common import DTYPES, SEEDS, expect_value_error, randn
+from grader.checks import k09_fp8_checks
 from grader.checks.k09_programs import D_CHOICES, EPS, Replay, codes_problem, formula_nbytes, grid_problem, programs, stream
 from grader.engine import Checks
 
@@ -538,9 +539,13 @@ def _device_scenario(s):
     s.call("QuantizedKVCache(4, 4).update(0, k_new, v_new) with 3 tokens", cache.update, 0, kv[0], kv[1])
     s.call("update(0, k_new, v_new) with 4 more tokens (one group quantized)", cache.update, 0, kv[2], kv[3])
     s.call("update(0, k_new, v_new) with 1 more token (a second group)", cache.update, 0, kv[4], kv[5])
+    k09_fp8_checks.device_scenario(s)
 
 
-@CHECKS.add("quantize, pack and the cache keep every tensor on the inputs' device", uses="quantize")
+@CHECKS.add("every function, task 6's FP8 cache included, keeps the inputs' device", uses="FP8KVCache")
 def keeps_the_device(ctx):
     ctx.case({"x": (1, 2, 8, 4), "n_bits": 4, "residual_len": 4},
              lambda c, ex: devices.keeps_the_device(c, ex, _device_scenario))
+
+
+k09_fp8_checks.register(CHECKS)  # task 6, the FP8 cache

@@ -87,4 +87,68 @@ MISTAKES = [
                ('vs = [dequantize(unpack(g["v"], self.n_bits), g["v_scale"]',
                 'vs = [dequantize(g["v"], g["v_scale"]')),
     ),
+    Mistake(
+        name="fp8 scale from the signed maximum",
+        why="the scale must fit the largest magnitude, amax(|x|); the largest signed value misses a larger "
+            "negative one, which then saturates (and an all-negative tensor gets no scale at all).",
+        hint="Which number has to land on ±448: the largest x, or the largest |x|?",
+        edits=(("x.abs().amax(dim=(0, 2, 3), keepdim=True) if per_head else x.abs().amax()",
+                "x.amax(dim=(0, 2, 3), keepdim=True) if per_head else x.amax()"),),
+    ),
+    Mistake(
+        name="fp8 cast without the clamp",
+        why="torch's cast to e5m2 turns a value past 57,344 into inf (and casts differ between devices); "
+            "values past the format's largest must be clamped to ±max before the cast.",
+        hint="Cast 1e9 to torch.float8_e5m2: what comes back, and what should?",
+        edits=(("y = (x.to(torch.float32) / scale).clamp(-top, top)", "y = x.to(torch.float32) / scale"),),
+    ),
+    Mistake(
+        name="fp8 scale of zeros is 0",
+        why="a tensor of zeros has amax 0, and a scale of 0 makes x / scale 0 / 0 = NaN; the README gives "
+            "such a tensor the scale 1.",
+        hint="What is fp8_scale of torch.zeros(1, 1, 2, 2), and what does fp8_quantize then divide by?",
+        edits=(("return torch.where(amax > 0, scale, torch.ones_like(scale))", "return scale"),),
+    ),
+    Mistake(
+        name="fp8 scale per head and per batch row",
+        why="a scale per head is taken over the batch, the tokens and the channels of that head, (1, Hkv, "
+            "1, 1): it belongs to the layer, not to one request.",
+        hint="Over which axes of (B, Hkv, T, D) do you take the maximum for one scale per KV head?",
+        edits=(("amax(dim=(0, 2, 3), keepdim=True)", "amax(dim=(2, 3), keepdim=True)"),),
+    ),
+    Mistake(
+        name="frozen fp8 scale recomputed every update",
+        why="with frozen=True the scales come from the layer's first update and stay; recomputing them fits "
+            "every later chunk, so nothing saturates where the README's frozen cache does.",
+        hint="With frozen=True, which update's keys decide the scale of the tenth update?",
+        edits=(("if self.frozen and chunks:", "if False:"),),
+    ),
+    Mistake(
+        name="per-update fp8 scale never refreshed",
+        why="with frozen=False each update's tokens get scales of their own; keeping the first update's "
+            "saturates a later, larger chunk.",
+        hint="With frozen=False, where does the scale of the second update's keys come from?",
+        edits=(("if self.frozen and chunks:", "if chunks:"),),
+    ),
+    Mistake(
+        name="fp8 codes divided in the half dtype",
+        why="x / scale in bfloat16 is rounded to 8 bits and then again to the format's 3 or 2: a value "
+            "near the middle of two FP8 values can go the wrong way; divide in float32.",
+        hint="In which dtype do you compute x / scale when x is bfloat16?",
+        edits=(("y = (x.to(torch.float32) / scale).clamp(-top, top)",
+                "y = (x / scale.to(x.dtype)).clamp(-top, top)"),),
+    ),
+    Mistake(
+        name="fp8 nbytes without the scales",
+        why="every scale is held too, 4 bytes each, once per layer when frozen and once per update when "
+            "not; a per-update cache of one-token decodes pays 8 bytes a token per tensor scale.",
+        hint="Besides the codes, what else does the cache hold, and how many of them?",
+        edits=(("return codes + sum(4 * (ks.numel() + vs.numel()) for _, ks, _, vs in scales)", "return codes"),),
+    ),
+    Mistake(
+        name="fp8 dequantize divides by the scale",
+        why="quantize divides by the scale, so dequantize multiplies: x̂ = code · scale.",
+        hint="If code = x / scale, how do you get x back?",
+        edits=(("return (codes.to(torch.float32) * scale).to(dtype)", "return (codes.to(torch.float32) / scale).to(dtype)"),),
+    ),
 ]

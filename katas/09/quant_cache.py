@@ -56,3 +56,49 @@ class QuantizedKVCache:
     def nbytes(self, layer: int | None = None) -> int:
         """Bytes held by ``layer`` (codes as packed, scales, zeros, residual); all layers when None."""
         raise NotImplementedError("kata 09: QuantizedKVCache.nbytes — see README, task 5")
+
+
+# -- task 6: an FP8 cache ------------------------------------------------------------------------------
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # the format's name -> its torch dtype
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}  # the largest finite value of each format
+
+
+def fp8_scale(x: torch.Tensor, fmt: str, per_head: bool = False) -> torch.Tensor:
+    """float32 ``amax(|x|) / FP8_MAX[fmt]``: shape () per tensor, (1, Hkv, 1, 1) per head (x (B, Hkv, T, D)).
+
+    A scale whose amax is 0 is 1.0.
+    """
+    raise NotImplementedError("kata 09: fp8_scale — see README, task 6")
+
+
+def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``x / scale`` in float32, clamped to ±FP8_MAX[fmt], cast to the format's dtype."""
+    raise NotImplementedError("kata 09: fp8_quantize — see README, task 6")
+
+
+def fp8_dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``codes * scale`` in float32, returned in ``dtype``."""
+    raise NotImplementedError("kata 09: fp8_dequantize — see README, task 6")
+
+
+class FP8KVCache:
+    """Per layer: FP8 codes of every token (one byte each) and float32 scales.
+
+    ``frozen``: one key scale and one value scale per layer (per head with ``per_head``), calibrated on the
+    layer's first update and kept. Otherwise every update's tokens get scales of their own.
+    """
+
+    def __init__(self, fmt: str = "e4m3", per_head: bool = False, frozen: bool = True):
+        raise NotImplementedError("kata 09: FP8KVCache — see README, task 6")
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k_new``, ``v_new`` (B, Hkv, T, D); return the whole layer dequantized, in their dtype."""
+        raise NotImplementedError("kata 09: FP8KVCache.update (FP8KVCache) — see README, task 6")
+
+    def seq_len(self, layer: int = 0) -> int:
+        """Tokens held by ``layer`` (0 for a layer never updated)."""
+        raise NotImplementedError("kata 09: FP8KVCache.seq_len (FP8KVCache) — see README, task 6")
+
+    def nbytes(self, layer: int | None = None) -> int:
+        """Bytes held by ``layer``: one per code, four per float32 scale; all layers when None."""
+        raise NotImplementedError("kata 09: FP8KVCache.nbytes (FP8KVCache) — see README, task 6")

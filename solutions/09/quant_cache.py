@@ -167,3 +167,136 @@ class QuantizedKVCache:
             if k_new.shape[:2] != held.shape[:2] or k_new.shape[3] != held.shape[3] or k_new.dtype != held.dtype:
                 raise ValueError(f"k_new: layer {layer} holds (B, Hkv, D) = ({held.shape[0]}, {held.shape[1]}, "
                                  f"{held.shape[3]}) in {held.dtype}, got {_describe(k_new)}")
+
+
+# -- task 6: an FP8 cache ------------------------------------------------------------------------------
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # the format's name -> its torch dtype
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}  # the largest finite value of each format
+
+
+def _fmt(fmt) -> str:
+    if not isinstance(fmt, str) or fmt not in FP8:
+        raise ValueError(f"fmt: expected one of {tuple(FP8)}, got {fmt!r}")
+    return fmt
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def fp8_scale(x: torch.Tensor, fmt: str, per_head: bool = False) -> torch.Tensor:
+    """float32 ``amax(|x|) / FP8_MAX[fmt]``: shape () per tensor, (1, Hkv, 1, 1) per head (x (B, Hkv, T, D)).
+
+    A scale whose amax is 0 is 1.0 (nothing to scale, and no division by zero later).
+    """
+    _fmt(fmt)
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 0):
+        raise ValueError(f"x: expected a non-empty floating-point tensor, got {_describe(x)}")
+    if _flag("per_head", per_head) and x.dim() != 4:
+        raise ValueError(f"x: a scale per head needs x of shape (B, Hkv, T, D), got {_describe(x)}")
+    amax = x.abs().amax(dim=(0, 2, 3), keepdim=True) if per_head else x.abs().amax()  # exact in x's dtype
+    scale = amax.to(torch.float32) / FP8_MAX[fmt]
+    return torch.where(amax > 0, scale, torch.ones_like(scale))
+
+
+def _check_scale(scale, shape=None) -> None:
+    if not (isinstance(scale, torch.Tensor) and scale.dtype == torch.float32):
+        raise ValueError(f"scale: expected a float32 tensor, got {_describe(scale)}")
+    if scale.numel() and not bool((scale > 0).all()):
+        raise ValueError("scale: every scale must be > 0")
+    if shape is not None:
+        try:
+            fits = torch.broadcast_shapes(shape, scale.shape) == shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"scale: shape {tuple(scale.shape)} does not broadcast to {tuple(shape)}")
+
+
+def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``x / scale`` in float32, clamped to ±FP8_MAX[fmt] (saturation, also of ±inf), cast to the format."""
+    _fmt(fmt)
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        raise ValueError(f"x: expected a floating-point tensor, got {_describe(x)}")
+    _check_scale(scale, x.shape)
+    top = FP8_MAX[fmt]
+    # Clamp before the cast: e5m2 turns an overflow into inf, and casts differ between devices.
+    y = (x.to(torch.float32) / scale).clamp(-top, top)
+    return y.to(FP8[fmt])
+
+
+def fp8_dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``codes * scale`` in float32, returned in ``dtype``."""
+    if not (isinstance(codes, torch.Tensor) and codes.dtype in FP8.values()):
+        raise ValueError(f"codes: expected a float8_e4m3fn or float8_e5m2 tensor, got {_describe(codes)}")
+    _check_scale(scale, codes.shape)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype not in FP8.values()):
+        raise ValueError(f"dtype: expected float32, float64, bfloat16 or float16, got {dtype!r}")
+    return (codes.to(torch.float32) * scale).to(dtype)
+
+
+class FP8KVCache:
+    """Per layer: FP8 codes of every token (one byte each) and float32 scales.
+
+    ``frozen``: one key scale and one value scale per layer, calibrated on the layer's first update and
+    kept (later values past them saturate). Otherwise every update's tokens get scales of their own.
+    """
+
+    def __init__(self, fmt: str = "e4m3", per_head: bool = False, frozen: bool = True):
+        self.fmt = _fmt(fmt)
+        self.per_head = _flag("per_head", per_head)
+        self.frozen = _flag("frozen", frozen)
+        self._chunks: dict[int, list[tuple]] = {}  # layer -> [(k codes, k scale, v codes, v scale)], oldest first
+        self._dtype: dict[int, torch.dtype] = {}
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k_new``, ``v_new`` (B, Hkv, T, D); return the whole layer dequantized, in their dtype."""
+        _check_layer(layer)
+        held = self._chunks[layer][0][0] if layer in self._chunks else None
+        _check_new(k_new, v_new, held, self._dtype.get(layer))
+        chunks = self._chunks.get(layer, [])
+        if self.frozen and chunks:
+            k_scale, v_scale = chunks[0][1], chunks[0][3]  # calibrated once, on the first update
+        else:
+            k_scale, v_scale = fp8_scale(k_new, self.fmt, self.per_head), fp8_scale(v_new, self.fmt, self.per_head)
+        chunk = (fp8_quantize(k_new, k_scale, self.fmt), k_scale, fp8_quantize(v_new, v_scale, self.fmt), v_scale)
+        self._chunks[layer] = chunks + [chunk]
+        self._dtype[layer] = dtype = k_new.dtype
+        K = torch.cat([fp8_dequantize(kc, ks, dtype) for kc, ks, _, _ in self._chunks[layer]], 2)
+        V = torch.cat([fp8_dequantize(vc, vs, dtype) for _, _, vc, vs in self._chunks[layer]], 2)
+        return K, V  # (B, Hkv, S, D)
+
+    def seq_len(self, layer: int = 0) -> int:
+        """Tokens held by ``layer`` (0 for a layer never updated)."""
+        _check_layer(layer)
+        return sum(chunk[0].shape[2] for chunk in self._chunks.get(layer, []))
+
+    def nbytes(self, layer: int | None = None) -> int:
+        """Bytes held: one per code, four per float32 scale (a frozen layer holds its scales once)."""
+        if layer is None:
+            return sum(self.nbytes(held) for held in self._chunks)
+        _check_layer(layer)
+        chunks = self._chunks.get(layer, [])  # a frozen layer holds its first scales only
+        codes = sum(kc.numel() + vc.numel() for kc, _, vc, _ in chunks)
+        scales = chunks[:1] if self.frozen else chunks
+        return codes + sum(4 * (ks.numel() + vs.numel()) for _, ks, _, vs in scales)
+
+
+def _check_layer(layer) -> None:
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"layer: expected an int >= 0, got {layer!r}")
+
+
+def _check_new(k_new, v_new, held, dtype) -> None:
+    if not (isinstance(k_new, torch.Tensor) and k_new.is_floating_point() and k_new.dim() == 4
+            and k_new.numel() > 0):
+        raise ValueError(f"k_new: expected a non-empty floating-point (B, Hkv, T, D) tensor, got {_describe(k_new)}")
+    if not (isinstance(v_new, torch.Tensor) and v_new.shape == k_new.shape and v_new.dtype == k_new.dtype):
+        raise ValueError(f"v_new: expected k_new's shape {tuple(k_new.shape)} and dtype {k_new.dtype}, "
+                         f"got {_describe(v_new)}")
+    if held is not None and (k_new.shape[:2] != held.shape[:2] or k_new.shape[3] != held.shape[3]
+                             or k_new.dtype != dtype):
+        raise ValueError(f"k_new: the layer holds (B, Hkv, D) = ({held.shape[0]}, {held.shape[1]}, {held.shape[3]}) "
+                         f"in {dtype}, got {_describe(k_new)}")

@@ -148,3 +148,115 @@ class QuantizedKVCache:
         R, r = self.residual_len, st["rk"].size(2)
         per_group = 2 * B * H * R * D * self.n_bits // 8 + 2 * e * B * H * D + 2 * e * B * H * R
         return st["G"] * per_group + 2 * e * B * H * r * D
+
+
+# -- task 6: one growing code tensor per layer, a scale stored per token (broadcast from its update) --------
+_FMT = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
+
+
+def _fmt_of(fmt):
+    if type(fmt) is not str or fmt not in _FMT:
+        raise ValueError(f"fmt must be 'e4m3' or 'e5m2', not {fmt!r}")
+    return _FMT[fmt]
+
+
+def fp8_scale(x, fmt, per_head=False):
+    _, top = _fmt_of(fmt)
+    if type(per_head) is not bool:
+        raise ValueError(f"per_head must be a bool, not {per_head!r}")
+    if not torch.is_tensor(x) or not torch.is_floating_point(x) or x.numel() == 0:
+        raise ValueError("x must be a non-empty floating-point tensor")
+    if per_head:
+        if x.ndim != 4:
+            raise ValueError(f"x must be (B, Hkv, T, D) for a scale per head, got rank {x.ndim}")
+        H = x.size(1)
+        m = x.transpose(0, 1).reshape(H, -1).abs().max(dim=1).values.reshape(1, H, 1, 1)
+    else:
+        m = torch.maximum(x.max(), -x.min())  # the largest magnitude
+    s = m.float() / top
+    return torch.where(m == 0, torch.ones_like(s), s)
+
+
+def _scale_ok(scale, shape):
+    if not torch.is_tensor(scale) or scale.dtype != torch.float32:
+        raise ValueError("scale must be a float32 tensor")
+    if scale.numel() and not (scale > 0).all():
+        raise ValueError("scale must be positive")
+    try:
+        if torch.broadcast_shapes(scale.shape, shape) != shape:
+            raise ValueError(f"scale of shape {tuple(scale.shape)} is bigger than {tuple(shape)}")
+    except RuntimeError:
+        raise ValueError(f"scale of shape {tuple(scale.shape)} does not broadcast to {tuple(shape)}") from None
+
+
+def fp8_quantize(x, scale, fmt):
+    dt, top = _fmt_of(fmt)
+    if not torch.is_tensor(x) or not torch.is_floating_point(x):
+        raise ValueError("x must be a floating-point tensor")
+    _scale_ok(scale, x.shape)
+    y = x.float() * torch.reciprocal(scale)  # float32, by the reciprocal
+    return torch.clamp(y, min=-top, max=top).to(dt)
+
+
+def fp8_dequantize(codes, scale, dtype=torch.float32):
+    if not torch.is_tensor(codes) or codes.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError("codes must be an FP8 tensor")
+    _scale_ok(scale, codes.shape)
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be a floating-point dtype, not {dtype!r}")
+    return (codes.float() * scale).to(dtype)
+
+
+class FP8KVCache:
+    def __init__(self, fmt="e4m3", per_head=False, frozen=True):
+        _fmt_of(fmt)
+        for name, flag in (("per_head", per_head), ("frozen", frozen)):
+            if type(flag) is not bool:
+                raise ValueError(f"{name} must be a bool, not {flag!r}")
+        self.fmt, self.per_head, self.frozen = fmt, per_head, frozen
+        self.L = {}
+
+    def update(self, layer, k_new, v_new):
+        if type(layer) is not int or layer < 0:
+            raise ValueError(f"layer must be a non-negative int, not {layer!r}")
+        if not torch.is_tensor(k_new) or k_new.ndim != 4 or not torch.is_floating_point(k_new) or k_new.numel() == 0:
+            raise ValueError("k_new must be a non-empty floating-point rank-4 tensor (B, Hkv, T, D)")
+        if not torch.is_tensor(v_new) or v_new.shape != k_new.shape or v_new.dtype != k_new.dtype:
+            raise ValueError("v_new must match k_new in shape and dtype")
+        B, H, T, D = k_new.shape
+        st = self.L.get(layer)
+        if st is not None and (st["sig"] != (B, H, D) or st["dtype"] != k_new.dtype):
+            raise ValueError(f"k_new: layer {layer} holds {st['sig']} {st['dtype']}")
+        if st is None or not self.frozen:
+            ks, vs = fp8_scale(k_new, self.fmt, self.per_head), fp8_scale(v_new, self.fmt, self.per_head)
+        else:
+            ks, vs = st["ks0"], st["vs0"]
+        kc, vc = fp8_quantize(k_new, ks, self.fmt), fp8_quantize(v_new, vs, self.fmt)
+        # a scale for every token: (1 or B?, H or 1, T, 1) broadcast to (1, H, T, 1)
+        row = lambda s: s.reshape(-1).reshape(1, -1, 1, 1).expand(1, H, T, 1)  # noqa: E731
+        if st is None:
+            st = self.L[layer] = dict(sig=(B, H, D), dtype=k_new.dtype, n=0, ks0=ks, vs0=vs, kc=kc, vc=vc,
+                                      kt=row(ks).clone(), vt=row(vs).clone())
+        else:
+            st["kc"], st["vc"] = torch.cat([st["kc"], kc], 2), torch.cat([st["vc"], vc], 2)
+            st["kt"], st["vt"] = torch.cat([st["kt"], row(ks)], 2), torch.cat([st["vt"], row(vs)], 2)
+        st["n"] += 1
+        return fp8_dequantize(st["kc"], st["kt"], k_new.dtype), fp8_dequantize(st["vc"], st["vt"], k_new.dtype)
+
+    def seq_len(self, layer=0):
+        if type(layer) is not int or layer < 0:
+            raise ValueError(f"layer must be a non-negative int, not {layer!r}")
+        st = self.L.get(layer)
+        return 0 if st is None else st["kc"].size(2)
+
+    def nbytes(self, layer=None):
+        if layer is None:
+            return sum(self.nbytes(i) for i in list(self.L))
+        if type(layer) is not int or layer < 0:
+            raise ValueError(f"layer must be a non-negative int, not {layer!r}")
+        st = self.L.get(layer)
+        if st is None:
+            return 0
+        B, H, D = st["sig"]
+        sets = 1 if self.frozen else st["n"]
+        return 2 * st["kc"].numel() + 4 * sets * 2 * (H if self.per_head else 1)

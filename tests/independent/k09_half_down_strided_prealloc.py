@@ -194,3 +194,147 @@ class QuantizedKVCache:
         B, H, D, R = st.B, st.H, st.D, self.residual_len
         group = 2 * B * H * R * D * self.n_bits // 8 + 2 * e * B * H * D + 2 * e * B * H * R
         return st.G * group + 2 * e * B * H * st.r * D
+
+
+# -- task 6: preallocated FP8 buffers that double, a token -> update index for the scales ------------------
+_FP8 = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
+
+
+def _fp8(fmt):
+    if fmt not in ("e4m3", "e5m2") or not isinstance(fmt, str):
+        raise _bad("fmt", "'e4m3' or 'e5m2'", fmt)
+    return _FP8[fmt]
+
+
+def fp8_scale(x, fmt, per_head=False):
+    top = _fp8(fmt)[1]
+    if not isinstance(per_head, bool):
+        raise _bad("per_head", "a bool", per_head)
+    if not (torch.is_tensor(x) and x.dtype.is_floating_point and x.numel() > 0):
+        raise _bad("x", "a non-empty floating-point tensor", x)
+    if per_head and x.dim() != 4:
+        raise _bad("x", "a (B, Hkv, T, D) tensor for a scale per head", tuple(x.shape))
+    a = x.abs()
+    amax = a.amax(dim=(0, 2, 3)).view(1, -1, 1, 1) if per_head else a.max()
+    amax = amax.float()
+    return torch.where(amax == 0, torch.tensor(1.0, device=x.device), amax / top)
+
+
+def _scale(scale, shape):
+    if not (torch.is_tensor(scale) and scale.dtype == torch.float32):
+        raise _bad("scale", "a float32 tensor", scale)
+    if scale.numel() and float(scale.min()) <= 0:
+        raise _bad("scale", "scales > 0", float(scale.min()))
+    try:
+        ok = list(torch.broadcast_shapes(scale.shape, shape)) == list(shape)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise _bad("scale", f"a shape broadcasting to {tuple(shape)}", tuple(scale.shape))
+
+
+def fp8_quantize(x, scale, fmt):
+    dtype, top = _fp8(fmt)
+    if not (torch.is_tensor(x) and x.dtype.is_floating_point):
+        raise _bad("x", "a floating-point tensor", x)
+    _scale(scale, x.shape)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    y = torch.div(x.to(torch.float32), scale)
+    y = torch.minimum(torch.maximum(y, torch.tensor(-top, device=x.device)), torch.tensor(top, device=x.device))
+    out.copy_(y)  # the cast, into the preallocated output
+    return out
+
+
+def fp8_dequantize(codes, scale, dtype=torch.float32):
+    if not (torch.is_tensor(codes) and codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)):
+        raise _bad("codes", "an FP8 tensor", codes)
+    _scale(scale, codes.shape)
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise _bad("dtype", "a floating-point dtype", dtype)
+    return (codes.to(torch.float32) * scale).to(dtype)
+
+
+class _FP8Store:
+    """Codes in preallocated (B, H, cap, D) buffers; scales (updates_cap, 1, H or 1, 1, 1) and token -> update."""
+
+    def __init__(self, B, H, D, dtype, device, f8, heads):
+        self.B, self.H, self.D, self.dtype, self.n, self.u = B, H, D, dtype, 0, 0
+        self.k = torch.empty(B, H, 4, D, dtype=f8, device=device)
+        self.v = torch.empty_like(self.k)
+        self.ks = torch.empty(4, 1, heads, 1, 1, device=device)
+        self.vs = torch.empty_like(self.ks)
+        self.which = torch.empty(4, dtype=torch.long, device=device)
+
+    def push(self, kc, vc, ks, vs, new_scales):
+        T = kc.shape[2]
+        while self.n + T > self.k.shape[2]:
+            for name in ("k", "v"):
+                old = getattr(self, name)
+                grown = torch.empty(self.B, self.H, 2 * old.shape[2], self.D, dtype=old.dtype, device=old.device)
+                grown[:, :, :self.n] = old[:, :, :self.n]
+                setattr(self, name, grown)
+            which = torch.empty(2 * self.which.shape[0], dtype=torch.long, device=self.which.device)
+            which[:self.n] = self.which[:self.n]
+            self.which = which
+        if new_scales:
+            if self.u == self.ks.shape[0]:
+                self.ks, self.vs = torch.cat([self.ks, torch.empty_like(self.ks)]), torch.cat([self.vs, torch.empty_like(self.vs)])
+            self.ks[self.u] = ks.reshape(1, -1, 1, 1)
+            self.vs[self.u] = vs.reshape(1, -1, 1, 1)
+            self.u += 1
+        self.k[:, :, self.n:self.n + T] = kc
+        self.v[:, :, self.n:self.n + T] = vc
+        self.which[self.n:self.n + T] = self.u - 1
+        self.n += T
+
+    def read(self):
+        idx = self.which[:self.n]
+        ks = self.ks[idx].squeeze(-1).squeeze(-1).permute(1, 2, 0).unsqueeze(-1)  # (1, H or 1, S, 1)
+        vs = self.vs[idx].squeeze(-1).squeeze(-1).permute(1, 2, 0).unsqueeze(-1)
+        K = (self.k[:, :, :self.n].to(torch.float32) * ks).to(self.dtype)
+        V = (self.v[:, :, :self.n].to(torch.float32) * vs).to(self.dtype)
+        return K, V
+
+
+class FP8KVCache:
+    def __init__(self, fmt="e4m3", per_head=False, frozen=True):
+        self.f8, _ = _fp8(fmt)
+        if not isinstance(per_head, bool):
+            raise _bad("per_head", "a bool", per_head)
+        if not isinstance(frozen, bool):
+            raise _bad("frozen", "a bool", frozen)
+        self.fmt, self.per_head, self.frozen = fmt, per_head, frozen
+        self.store = {}
+
+    def update(self, layer, k_new, v_new):
+        QuantizedKVCache._layer(layer)
+        if not (torch.is_tensor(k_new) and k_new.dtype.is_floating_point and k_new.dim() == 4 and k_new.numel()):
+            raise _bad("k_new", "a non-empty floating-point (B, Hkv, T, D) tensor", k_new)
+        if not (torch.is_tensor(v_new) and v_new.shape == k_new.shape and v_new.dtype == k_new.dtype):
+            raise _bad("v_new", "k_new's shape and dtype", v_new)
+        B, H, _, D = k_new.shape
+        s = self.store.get(layer)
+        if s is not None and ((s.B, s.H, s.D) != (B, H, D) or s.dtype != k_new.dtype):
+            raise _bad("k_new", f"(B, Hkv, D) = {(s.B, s.H, s.D)} in {s.dtype}", (tuple(k_new.shape), k_new.dtype))
+        fresh = s is None or not self.frozen
+        if fresh:
+            ks, vs = fp8_scale(k_new, self.fmt, self.per_head), fp8_scale(v_new, self.fmt, self.per_head)
+        else:
+            ks, vs = s.ks[0].reshape(1, -1, 1, 1), s.vs[0].reshape(1, -1, 1, 1)
+        if s is None:
+            s = self.store[layer] = _FP8Store(B, H, D, k_new.dtype, k_new.device, self.f8, H if self.per_head else 1)
+        s.push(fp8_quantize(k_new, ks, self.fmt), fp8_quantize(v_new, vs, self.fmt), ks, vs, fresh)
+        return s.read()
+
+    def seq_len(self, layer=0):
+        QuantizedKVCache._layer(layer)
+        return self.store[layer].n if layer in self.store else 0
+
+    def nbytes(self, layer=None):
+        if layer is None:
+            return sum(self.nbytes(i) for i in self.store)
+        QuantizedKVCache._layer(layer)
+        if layer not in self.store:
+            return 0
+        s = self.store[layer]
+        return 2 * s.B * s.H * s.n * s.D + 4 * s.u * 2 * s.ks.shape[2]

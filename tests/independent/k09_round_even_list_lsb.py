@@ -166,3 +166,108 @@ class QuantizedKVCache:
             total += sum(t.numel() * t.element_size() for t in tensors)
         total += sum(t.numel() * t.element_size() for t in st.res_k + st.res_v)
         return total
+
+
+# -- task 6: updates kept in a Python list, the codes rounded once from float64 ---------------------------
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_TOPS = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def _check_fmt(fmt):
+    if not isinstance(fmt, str) or fmt not in FP8_DTYPES:
+        raise ValueError(f"fmt: expected 'e4m3' or 'e5m2', got {fmt!r}")
+
+
+def fp8_scale(x, fmt, per_head=False):
+    _check_fmt(fmt)
+    if per_head is not True and per_head is not False:
+        raise ValueError(f"per_head: expected a bool, got {per_head!r}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+        raise ValueError("x: expected a non-empty floating-point tensor")
+    if per_head and x.dim() != 4:
+        raise ValueError(f"x: a scale per head needs 4 axes (B, Hkv, T, D), got {x.dim()}")
+    dims = (0, 2, 3) if per_head else tuple(range(x.dim()))
+    amax = torch.amax(torch.abs(x), dim=dims, keepdim=per_head).to(torch.float32)
+    out = amax / FP8_TOPS[fmt]
+    out[amax == 0] = 1.0
+    return out
+
+
+def _check_scale(scale, shape):
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        raise ValueError("scale: expected a float32 tensor")
+    if bool((scale <= 0).any()):
+        raise ValueError("scale: expected every scale > 0")
+    if scale.dim() > len(shape) or any(s not in (1, n) for s, n in zip(reversed(scale.shape), reversed(shape))):
+        raise ValueError(f"scale: shape {tuple(scale.shape)} does not broadcast to {tuple(shape)}")
+
+
+def fp8_quantize(x, scale, fmt):
+    _check_fmt(fmt)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError("x: expected a floating-point tensor")
+    _check_scale(scale, x.shape)
+    top = FP8_TOPS[fmt]
+    y = x.to(torch.float64) / scale.to(torch.float64)  # one rounding, from float64 straight to the format
+    return y.clamp(-top, top).to(FP8_DTYPES[fmt])
+
+
+def fp8_dequantize(codes, scale, dtype=torch.float32):
+    if not isinstance(codes, torch.Tensor) or codes.dtype not in FP8_DTYPES.values():
+        raise ValueError("codes: expected a float8_e4m3fn or float8_e5m2 tensor")
+    _check_scale(scale, codes.shape)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype in FP8_DTYPES.values():
+        raise ValueError(f"dtype: expected a floating-point dtype, got {dtype!r}")
+    return torch.mul(codes.to(torch.float32), scale).to(dtype)
+
+
+class FP8KVCache:
+    def __init__(self, fmt="e4m3", per_head=False, frozen=True):
+        _check_fmt(fmt)
+        if per_head not in (True, False) or not isinstance(per_head, bool):
+            raise ValueError(f"per_head: expected a bool, got {per_head!r}")
+        if not isinstance(frozen, bool):
+            raise ValueError(f"frozen: expected a bool, got {frozen!r}")
+        self.fmt, self.per_head, self.frozen = fmt, per_head, frozen
+        self.layers = {}  # layer -> list of {"k", "ks", "v", "vs"}
+
+    def update(self, layer, k_new, v_new):
+        QuantizedKVCache._check_layer(layer)
+        if not isinstance(k_new, torch.Tensor) or k_new.dim() != 4 or not k_new.is_floating_point():
+            raise ValueError("k_new: expected a floating-point (B, Hkv, T, D) tensor")
+        if k_new.numel() == 0:
+            raise ValueError("k_new: no token to add")
+        if not isinstance(v_new, torch.Tensor) or v_new.shape != k_new.shape or v_new.dtype != k_new.dtype:
+            raise ValueError("v_new: expected k_new's shape and dtype")
+        items = self.layers.get(layer, [])
+        if items:
+            first = items[0]["k"]
+            if (first.shape[0], first.shape[1], first.shape[3]) != (k_new.shape[0], k_new.shape[1], k_new.shape[3]) \
+                    or items[0]["dtype"] != k_new.dtype:
+                raise ValueError("k_new: another (B, Hkv, D) or dtype than the layer holds")
+        if items and self.frozen:
+            ks, vs = items[0]["ks"], items[0]["vs"]
+        else:
+            ks = fp8_scale(k_new, self.fmt, self.per_head)
+            vs = fp8_scale(v_new, self.fmt, self.per_head)
+        items.append({"k": fp8_quantize(k_new, ks, self.fmt), "ks": ks, "v": fp8_quantize(v_new, vs, self.fmt),
+                      "vs": vs, "dtype": k_new.dtype})
+        self.layers[layer] = items
+        K = [fp8_dequantize(it["k"], it["ks"], k_new.dtype) for it in items]
+        V = [fp8_dequantize(it["v"], it["vs"], k_new.dtype) for it in items]
+        return torch.cat(K, dim=2), torch.cat(V, dim=2)
+
+    def seq_len(self, layer=0):
+        QuantizedKVCache._check_layer(layer)
+        return sum(it["k"].shape[2] for it in self.layers.get(layer, []))
+
+    def nbytes(self, layer=None):
+        if layer is None:
+            return sum(self.nbytes(i) for i in self.layers)
+        QuantizedKVCache._check_layer(layer)
+        items = self.layers.get(layer, [])
+        total = sum(it["k"].numel() * it["k"].element_size() + it["v"].numel() * it["v"].element_size()
+                    for it in items)
+        for it in items[:1] if self.frozen else items:
+            total += it["ks"].numel() * 4 + it["vs"].numel() * 4
+        return total
