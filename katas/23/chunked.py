@@ -82,9 +82,9 @@ class ChunkedScheduler:
         raise NotImplementedError("kata 23: ChunkedScheduler._chunk — see README, task 1")
 
     def _schedule_prefills(self, step: Step) -> None:
-        """Chunks for the prompts in flight, oldest first, then (unless this step preempted) admissions
-        first come, first served, each while the budget lasts; a waiting request needs a sequence slot and
-        the blocks of its whole prompt, and the first that does not fit stops the queue."""
+        """Chunks for the prompts in flight, oldest first, then admissions first come, first served, each
+        while the budget lasts; a waiting request needs a sequence slot and the blocks of its whole prompt,
+        and the first that does not fit stops the queue."""
         raise NotImplementedError("kata 23: ChunkedScheduler._schedule_prefills — see README, task 1")
 
     def schedule(self) -> Step:

@@ -134,9 +134,9 @@ class ChunkedScheduler:
         return min(n, budget)
 
     def _schedule_prefills(self, step: Step) -> None:
-        """Chunks for the prompts in flight, oldest first, then (unless this step preempted) admissions
-        first come, first served, each while the budget lasts; a waiting request needs a sequence slot and
-        the blocks of its whole prompt, and the first that does not fit stops the queue."""
+        """Chunks for the prompts in flight, oldest first, then admissions first come, first served, each
+        while the budget lasts; a waiting request needs a sequence slot and the blocks of its whole prompt,
+        and the first that does not fit stops the queue."""
         budget = self.budget - len(step.decode)  # a decode row takes one token
         decoding = set(step.decode)
         for req_id in self.running:
@@ -146,7 +146,7 @@ class ChunkedScheduler:
                 continue
             step.prefill.append((req_id, request.computed, n))
             budget -= n
-        for req_id in list(self.waiting) if not step.preempted else []:
+        for req_id in list(self.waiting):  # after a preemption its victim, first, cannot fit
             request = self.requests[req_id]
             blocks = _blocks_for(self._target(request), self.block_size)
             if len(self.running) == self.max_num_seqs or budget == 0 or blocks > self.free_blocks:
