@@ -44,13 +44,13 @@ def _check_serve(c, ex, eos_from=None):
 @CHECKS.add("serve_chunked gives every request the tokens one prefill of it alone gives, on every schedule",
             uses="serve_chunked")
 def serve_matches_each_request_alone(ctx):
-    ctx.forall(workloads(few_blocks=False), lambda c, ex: _check_serve(c, ex), max_examples=15)
     # a 13-token prompt read one token a step (budget = max_num_seqs = 1), then a cap of 2 with a wide budget
     ctx.case({"requests": [(0, 13, 3, 0)], "num_blocks": 8, "block_size": 2, "max_num_seqs": 1,
               "max_num_batched_tokens": 1, "seed": 2}, lambda c, ex: _check_serve(c, ex))
     ctx.case({"requests": [(0, 11, 3, 0), (1, 9, 4, 0), (2, 2, 5, 1)], "num_blocks": 30, "block_size": 3,
               "max_num_seqs": 3, "max_num_batched_tokens": 12, "long_prefill_token_threshold": 2, "seed": 3},
              lambda c, ex: _check_serve(c, ex))
+    ctx.forall(workloads(few_blocks=False), lambda c, ex: _check_serve(c, ex), max_examples=15)
 
 
 @CHECKS.add("serve_chunked under memory pressure: a preempted request restarts from token 0 and still gets its "
@@ -65,10 +65,10 @@ def serve_with_preemption(ctx):
 
 @CHECKS.add("serve_chunked stops a request after its EOS (included); the others go on", uses="serve_chunked")
 def serve_stops_at_eos(ctx):
-    ctx.forall(workloads(), lambda c, ex: _check_serve(c, ex, eos_from=0), max_examples=8)
     ctx.case({"requests": [(0, 4, 6, 0), (1, 3, 6, 0), (2, 5, 6, 1)], "num_blocks": 8, "block_size": 2,
               "max_num_seqs": 3, "max_num_batched_tokens": 4, "seed": 12, "eos_token_id": 0},
              lambda c, ex: _check_serve(c, ex))
+    ctx.forall(workloads(), lambda c, ex: _check_serve(c, ex, eos_from=0), max_examples=8)
 
 
 @CHECKS.add("one forward per step, carrying every chunk's tokens at positions c … c + n - 1 and every decode's "
