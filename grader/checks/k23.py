@@ -122,6 +122,8 @@ def _bad_requests() -> list[tuple]:
         ("a request of 15 + 3 tokens with 8 blocks of 2", [(0, [1] * 15, 3, 0)],
          ("requests", "prompt_len", "max_new_tokens")),
         ("an item of 3 fields", [(0, [1, 2], 2)], ("requests",)),
+        ("an item of 5 fields", [(0, [1, 2], 2, 0, 0)], ("requests",)),
+        ("an item that is an int", [(0, [1, 2], 2, 0), 7], ("requests",)),
         ("an empty prompt", [(0, [1], 2, 0), (1, [], 2, 0)], ("requests", "prompt", "prompt_len")),
         (f"a token id {V}", [(0, [1, V], 2, 0)], ("requests", "prompt")),
         ("a token id -1", [(0, [-1, 2], 2, 0)], ("requests", "prompt")),
