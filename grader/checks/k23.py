@@ -93,8 +93,9 @@ def chunks_at_their_positions(ctx):
                 c.fail(f"forward {i} got float position_ids: positions are integers", ex, ("position dtype",))
 
     ctx.forall(workloads(max_requests=4), body, max_examples=10)
-    ctx.case({"requests": [(0, 2, 6, 0), (1, 10, 2, 1)], "num_blocks": 20, "block_size": 2, "max_num_seqs": 4,
-              "max_num_batched_tokens": 6, "seed": 6}, body)
+    # 1 arrives at step 1 and is read in chunks beside 0's decodes; 2 arrives at step 3, not before; no cap given
+    ctx.case({"requests": [(0, 2, 6, 0), (1, 10, 2, 1), (2, 3, 2, 3)], "num_blocks": 20, "block_size": 2,
+              "max_num_seqs": 4, "max_num_batched_tokens": 6, "seed": 6}, body)
 
 
 @CHECKS.add("max_new_tokens = 0 gives [] unscheduled; ids 0 and V - 1; every limit at its smallest",
@@ -130,6 +131,9 @@ def _bad_requests() -> list[tuple]:
         ("arrival_step = -1", [(0, [1, 2], 2, -1)], ("requests", "arrival_step")),
         ("arrival_step = 1.5", [(0, [1, 2], 2, 1.5)], ("requests", "arrival_step")),
         (f"a token id {V} in a request arriving at step 3", [(0, [1, 2], 2, 0), (1, [V], 2, 3)], ("requests", "prompt")),
+        ("request 0 again, arriving at step 4", [(0, [1, 2], 2, 0), (0, [3], 2, 4)], ("requests", "req_id")),
+        ("a request of 15 + 3 tokens (9 blocks of 2, 8 exist) arriving at step 3", [(0, [1, 2], 2, 0), (1, [1] * 15, 3, 3)],
+         ("requests", "prompt_len", "max_new_tokens")),
     ]
 
 

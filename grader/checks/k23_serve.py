@@ -47,7 +47,8 @@ def limits_of(ex) -> dict:
 def raw_serve(c, ex, model, requests, eos=None):
     """The learner's serve_chunked, its result as returned; it must leave ``requests`` as it was."""
     before = protocol.snapshot(requests)
-    got = c.t.serve_chunked(model, requests, **limits_of(ex), eos_token_id=eos)
+    limits = {k: v for k, v in limits_of(ex).items() if k in ex}  # no cap given: the default, 0, must be no cap
+    got = c.t.serve_chunked(model, requests, **limits, eos_token_id=eos)
     if requests != before:
         c.fail(f"serve_chunked changed its requests argument: {before} became {requests}; the caller's inputs are "
                "left unchanged", ex, ("changed requests",))
