@@ -96,6 +96,9 @@ def chunks_at_their_positions(ctx):
     # 1 arrives at step 1 and is read in chunks beside 0's decodes; 2 arrives at step 3, not before; no cap given
     ctx.case({"requests": [(0, 2, 6, 0), (1, 10, 2, 1), (2, 3, 2, 3)], "num_blocks": 20, "block_size": 2,
               "max_num_seqs": 4, "max_num_batched_tokens": 6, "seed": 6}, body)
+    # 0 decodes alone at steps 1 and 2; 1 arrives at step 3 and is admitted then, not a step earlier
+    ctx.case({"requests": [(0, 2, 6, 0), (1, 3, 2, 3)], "num_blocks": 8, "block_size": 2, "max_num_seqs": 2,
+              "max_num_batched_tokens": 6, "seed": 5}, body)
 
 
 @CHECKS.add("max_new_tokens = 0 gives [] unscheduled; ids 0 and V - 1; every limit at its smallest",
