@@ -36,12 +36,14 @@ class _Request:
 
 
 def _int_at_least(name: str, value, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    """Refuse anything but an int (a bool is not one) of at least ``least``."""
+    if type(value) is bool or not isinstance(value, int) or not value >= least:
         raise ValueError(f"{name}: expected an int >= {least}, got {value!r}")
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
+    """Blocks of ``block_size`` slots that hold ``tokens`` tokens (the last one may be partly empty)."""
+    return (tokens + block_size - 1) // block_size
 
 
 class ChunkedScheduler:
