@@ -16,6 +16,7 @@ import torch
 
 from conftest import slow
 from grader import kernels, manifest, models
+from grader.bench.k07 import corpus
 from grader.engine import targets
 
 pytestmark = slow  # converts a real 135M-parameter model and runs it against transformers (minutes)
@@ -137,6 +138,26 @@ def test_greedy_tokens_equal_transformers(smollm2, hf):
                             do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert ours == theirs
 
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("chunk", [64, 100])
+def test_chunked_prefill_gives_transformers_chunked_tokens(smollm2, hf, chunk):
+    """Kata 23's reference ``serve_chunked`` feeds a 300-token prompt in chunks of ``chunk`` tokens (its step
+    budget) and gives the 24 greedy tokens of transformers' ``generate(prefill_chunk_size=chunk)``, which are
+    also those of one whole prefill."""
+    model, _ = hf
+    prompt = corpus(smollm2.tokenizer, 300)
+    ids = torch.tensor([prompt])
+    options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                   eos_token_id=None, pad_token_id=0)
+    whole = model.generate(ids, **options)[0, len(prompt):].tolist()
+    theirs = model.generate(ids, prefill_chunk_size=chunk, **options)[0, len(prompt):].tolist()
+    serve = targets.reference(manifest.get("23")).namespace["serve_chunked"]
+    ours = serve(smollm2.model, [("r", prompt, 24, 0)], num_blocks=-(-(len(prompt) + 24) // 16), block_size=16,
+                 max_num_seqs=1, max_num_batched_tokens=chunk)["r"]
+    assert theirs == whole
+    assert ours == theirs
 
 @pytest.fixture(scope="session")
 def plain_tokens(smollm2):

@@ -35,7 +35,8 @@
    rate on chats and kata 08's loop against ``generate()`` on its weights (``grader.bench.smollm2``);
    the prompt tokens kata 22's radix tree reuses on the same chats (``grader.bench.k22``); and the perplexity
    after cutting the cache by position or by attention score (kata 21, ``grader.bench.k21``: one 640-token
-   stretch of text, budgets 128 and 64).
+   stretch of text, budgets 128 and 64); and how long a running decode waits while a 1,024-token prompt is
+   prefilled, in one step or in chunks of 128 (kata 23, ``grader.bench.k23``).
 
 ``--roofline`` measures only this machine's roofline and places kata 08's loop on it, counted by
 kata 18 (``grader.bench.roofline``).
@@ -71,6 +72,7 @@ from grader.bench import k19 as bench_k19
 from grader.bench import k20 as bench_k20
 from grader.bench import k21 as bench_k21
 from grader.bench import k22 as bench_k22
+from grader.bench import k23 as bench_k23
 from grader.bench import noise as bench_noise
 from grader.bench import roofline as bench_roofline
 from grader.bench import smollm2 as bench_smollm2
@@ -463,7 +465,7 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
     result["latent"] = bench_latent(lengths, device, progress)
     result["hybrid"] = bench_k20.bench_hybrid(hybrid_tokens(lengths), 4 if quick else 8, progress=progress)
     if real_model:
-        progress.total += 18 + 1 + 1
+        progress.total += 18 + 1 + 1 + 2
         result["streaming"] = bench_k07.bench_streaming(device, progress)
         result["kivi_real"] = bench_k09.bench_real(device, progress)
         result["self_speculation"] = bench_k12.bench_self_speculation(device, progress)
@@ -477,6 +479,8 @@ def run(quick: bool, device: torch.device, quiet: bool = False, lengths: list[in
         except ImportError:
             progress.step("SmolLM2 generate", "skipped: transformers is not installed (pip install transformers)")
         result["eviction"] = bench_eviction(smollm2, progress)
+        result["chunked_prefill"] = bench_k23.compare(smollm2.model, smollm2.chat(bench_smollm2.QUESTIONS[0]),
+                                                      bench_k07.corpus(smollm2.tokenizer, 1024), progress)
     result["targets"] = targets_met(result)
     return result
 
