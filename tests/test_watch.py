@@ -24,6 +24,12 @@ MISTAKE = mistakes.catalogue("01")[0]
 VERDICT_WAIT = 120  # seconds: generous for a loaded two-core machine
 
 
+def _interruptible() -> None:
+    """In the watcher, before Python starts: Ctrl-C as a terminal delivers it. A run started in the background
+    of a script inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Watching:
     """A ``kvkata watch`` subprocess whose output lines arrive on a queue."""
 
@@ -31,7 +37,8 @@ class Watching:
         env = {k: v for k, v in os.environ.items() if k != "KVKATA_STATE"}
         env.update(PYTHONPATH=str(repo), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "grader.cli", "watch", *args], cwd=repo, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=_interruptible)
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
