@@ -139,7 +139,6 @@ def test_greedy_tokens_equal_transformers(smollm2, hf):
     assert ours == theirs
 
 
-
 @torch.inference_mode()
 @pytest.mark.parametrize("chunk", [64, 100])
 def test_chunked_prefill_gives_transformers_chunked_tokens(smollm2, hf, chunk):
@@ -158,6 +157,7 @@ def test_chunked_prefill_gives_transformers_chunked_tokens(smollm2, hf, chunk):
                  max_num_seqs=1, max_num_batched_tokens=chunk)["r"]
     assert theirs == whole
     assert ours == theirs
+
 
 @pytest.fixture(scope="session")
 def plain_tokens(smollm2):

@@ -67,9 +67,10 @@ def serve(model, chat: list[int], prompt: list[int], budget: int, chat_tokens: i
 def compare(model, chat: list[int], prompt: list[int], progress, chunk: int = 128, chat_tokens: int = 24) -> dict:
     """The same two requests unchunked (a budget of the whole prompt and the chat's one decode token) and
     chunked (``chunk`` prompt tokens and the decode token a step)."""
-    if chat_tokens < -(-len(prompt) // chunk) + 4:
+    least = -(-len(prompt) // chunk) + 4  # the steps before the prompt arrives, its chunks, and its two tokens
+    if chat_tokens < least:
         raise ValueError(f"chat_tokens: the chat must still decode while the prompt is prefilled in chunks of "
-                         f"{chunk}: expected at least {-(-len(prompt) // chunk) + 4}, got {chat_tokens}")
+                         f"{chunk}: expected at least {least}, got {chat_tokens}")
     rows = {"prompt_tokens": len(prompt), "chat_tokens": len(chat)}
     for name, budget in (("unchunked", len(prompt) + 1), ("chunked", chunk + 1)):
         rows[name] = serve(model, chat, prompt, budget, chat_tokens)
