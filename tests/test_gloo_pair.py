@@ -130,3 +130,40 @@ def _recv_from_0():
     buffer = torch.empty(6, dtype=torch.float64)
     dist.recv(buffer, 0)
     return buffer.tolist()
+
+
+def _failing_join(flag):
+    """``init_process_group`` that fails while ``flag`` is missing, writing it: the first try fails, the next joins."""
+    real = dist.init_process_group
+
+    def join(*args, **kwargs):
+        if flag is None or not flag.exists():
+            if flag is not None:
+                flag.write_text("failed once")
+            raise dist.DistStoreError("wait timeout after 10000ms (as on a machine too busy to join in time)")
+        return real(*args, **kwargs)
+    return join
+
+
+def test_a_group_that_fails_to_form_is_formed_again_and_the_learners_code_runs_once(tmp_path, monkeypatch):
+    """The rendezvous is the grader's: a try that fails runs nothing of the learner's, and the next try
+    gives the real outcomes (not "died", which a check would blame on the learner's worker)."""
+    monkeypatch.setattr(gloo.dist, "init_process_group", _failing_join(tmp_path / "failed"))
+    runs = tmp_path / "runs"
+
+    def send():
+        with open(runs, "a") as f:
+            f.write("x")
+        return _send()
+    a, b = gloo.run_pair(send, _recv)
+    assert (tmp_path / "failed").exists()  # the first try did fail
+    assert (a.status, a.value, b.status) == ("ok", "sent", "ok")
+    assert runs.read_text() == "x"
+
+
+def test_a_group_that_never_forms_is_the_graders_failure():
+    from grader.engine.core import GraderBug
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gloo.dist, "init_process_group", _failing_join(None))
+        with pytest.raises(GraderBug, match=rf"could not join .* \({gloo.JOINS} tries\).*too busy"):
+            gloo.run_pair(_send, _recv)

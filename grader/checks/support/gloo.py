@@ -6,7 +6,10 @@ How (measured, see the level-5 design study): fork, never spawn (16x cheaper, an
 learner's namespace as the parent loaded it); the child's first act is ``torch.set_num_threads(1)``
 (a fork after the parent used torch's thread pool deadlocks otherwise); the rendezvous is a TCPStore
 this process owns on port 0 (the OS picks a free port, no race) with a fresh PrefixStore per run;
-``GLOO_SOCKET_IFNAME=lo`` keeps every byte on loopback; the process group's timeout bounds every
+a rank that cannot join says so and the pair is formed again (nothing of the learner's has run yet),
+then the grader reports its own failure, never the learner's: a pair stopped while joining (a time limit
+in the parent) leaves the store slow to serve the next one (5 s, measured), past gloo's timeout on a
+busy machine; ``GLOO_SOCKET_IFNAME=lo`` keeps every byte on loopback; the process group's timeout bounds every
 blocked receive. No process is ever signalled (the sandbox of ``kvkata grade`` forbids it): a child
 that raised leaves at once, so its peer's next receive fails within milliseconds; a child that
 finished waits for the parent's word, so it never closes its sockets under a peer still receiving;
@@ -35,6 +38,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from grader.engine.core import GraderBug
 from grader.engine.hangs import NotRun
 
 PG_TIMEOUT = 10.0  # seconds a receive may wait for its peer before gloo gives up
@@ -42,13 +46,15 @@ GRACE = 2.0  # seconds the peer of a failed rank has to report (its receive fail
 DEADLINE = 20.0  # seconds a whole pair may take; a child still running then ends itself
 _STORE: list = []  # the TCPStore this process owns (made on first use)
 _RUNS = itertools.count()
+JOINS = 2  # tries to form a pair's group before the grader reports its own failure
 
 
 @dataclass
 class Outcome:
     """What one rank did: ``status`` "ok" (``value``), "raised" (``error``, ``message``, ``trace``, ``stub``:
     the function that raised NotImplementedError, else None), "hung" (alive at the deadline), "stopped"
-    (not waited for, as its peer failed) or "died" (exited without a word; ``message`` holds the exit code)."""
+    (not waited for, as its peer failed), "died" (exited without a word; ``message`` holds the exit code)
+    or "unjoined" (the group could not be formed, before anything ran; ``message`` says why)."""
     status: str
     value: object = None
     error: str = ""
@@ -95,6 +101,7 @@ def _child(rank: int, fn: Callable, port: int, prefix: str, out: int, go: int, d
     good outcome is written it waits for ``go`` to close: leaving earlier could close its sockets under
     a peer still receiving."""
     code = 0
+    outcome = None
     try:
         torch.set_num_threads(1)  # first: a forked child with the parent's thread pool deadlocks in matmul
         threading.stack_size(1 << 16)  # a small stack: a sandbox's address-space limit must not refuse the thread
@@ -102,13 +109,18 @@ def _child(rank: int, fn: Callable, port: int, prefix: str, out: int, go: int, d
         faulthandler.dump_traceback_later(deadline, exit=True, file=2)  # a compute loop says where it was (fd 2:
         # a notebook kernel's sys.stderr has no file descriptor), then ends
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=PG_TIMEOUT))
-        dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=2,
-                                timeout=datetime.timedelta(seconds=PG_TIMEOUT))
         try:
-            outcome = Outcome("ok", value=fn())
-        except BaseException as exc:  # the learner's error, as text: it is shown to them
-            outcome = _raised(exc)
+            wait = datetime.timedelta(seconds=PG_TIMEOUT)
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=wait)
+            dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=2,
+                                    timeout=wait)
+        except Exception as exc:  # the grader's own rendezvous: the pair is formed again
+            outcome = Outcome("unjoined", error=type(exc).__name__, message=f"{type(exc).__name__}: {exc}")
+        if outcome is None:
+            try:
+                outcome = Outcome("ok", value=fn())
+            except BaseException as exc:  # the learner's error, as text: it is shown to them
+                outcome = _raised(exc)
         try:
             with os.fdopen(out, "wb") as stream:
                 pickle.dump(outcome, stream)
@@ -148,7 +160,23 @@ def _read(fd: int, pid: int) -> Outcome:
 
 
 def run_pair(rank0: Callable, rank1: Callable, deadline: float = DEADLINE) -> list[Outcome]:
-    """Run ``rank0()`` and ``rank1()`` in two forked processes of one gloo group; their outcomes, rank 0 first."""
+    """Run ``rank0()`` and ``rank1()`` in two forked processes of one gloo group; their outcomes, rank 0 first.
+    A group that cannot be formed is formed again, up to ``JOINS`` tries; then GraderBug (the grader failed)."""
+    for _ in range(JOINS):
+        outcomes = _run_once(rank0, rank1, deadline)
+        unjoined = [o for o in outcomes if o.status == "unjoined"]
+        if not unjoined:
+            break
+    else:
+        raise GraderBug(f"the grader could not join its two processes into a gloo group ({JOINS} tries): "
+                        f"{unjoined[0].message}")
+    stopped = [o for o in outcomes if o.status == "raised" and o.error == NotRun.__name__]
+    if stopped:  # a rank called a function that hung in an earlier check: this check is not run, as in one process
+        raise NotRun(stopped[0].message)
+    return outcomes
+
+
+def _run_once(rank0: Callable, rank1: Callable, deadline: float) -> list[Outcome]:
     port, prefix = _store().port, f"pair-{os.getpid()}-{next(_RUNS)}"
     go_read, go_write = os.pipe()
     outs, pids = {}, []
@@ -162,17 +190,13 @@ def run_pair(rank0: Callable, rank1: Callable, deadline: float = DEADLINE) -> li
                 _child(rank, fn, port, prefix, write, go_read, deadline + 1.0)
             os.close(write)
             outs[read], pids = rank, pids + [pid]
-        outcomes = _collect(outs, pids, deadline)
+        return _collect(outs, pids, deadline)
     finally:
         os.close(go_write)  # every child that waits may leave now
         os.close(go_read)
         for fd in outs:
             os.close(fd)
         _reap(pids)
-    stopped = [o for o in outcomes if o.status == "raised" and o.error == NotRun.__name__]
-    if stopped:  # a rank called a function that hung in an earlier check: this check is not run, as in one process
-        raise NotRun(stopped[0].message)
-    return outcomes
 
 
 def _collect(outs: dict, pids: list[int], deadline: float) -> list[Outcome]:
