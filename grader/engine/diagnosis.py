@@ -13,6 +13,11 @@ a wrong call of a right one), or may fail every wrong program alike. So the susp
 also do what the learner's code does on a few inputs of the kata's other checks on which they
 differ, or, for a single suspect, on which it fails; where no input separates two, both are named.
 
+A run on a further input has ``FURTHER_SECONDS``; one that runs out tells nothing. On a busy machine a
+run that never hangs can still run out (a check that starts processes, with every core taken), so a suspect
+whose run ran out where the learner's code finished is run again with the failing input's limit before it
+is judged, and a run that ran out is never taken for what a longer limit would tell.
+
 The checks' inputs are listed by running a check function with a context whose ``forall`` and
 ``case`` only write down what they were given (``Lister``). The classroom's replay side
 (grader.classroom.cohort.replay) answers the same questions from the record of the learner's run.
@@ -109,22 +114,41 @@ def _draw(ctx: Ctx, site: Site) -> list:
     return list(unique.values())
 
 
-def outcome(ctx: Ctx, body: Callable, example, seconds: float = FURTHER_SECONDS):
+@dataclass(frozen=True)
+class RanOut:
+    """What a run did when it was stopped after ``seconds``: nothing known (a longer limit may tell)."""
+
+    seconds: float
+
+
+def attempt(ctx: Ctx, body: Callable, example, seconds: float):
+    """``outcome``, except that a run stopped by its time limit gives ``RanOut(seconds)``."""
+    alarm = did = None
+    try:
+        with time_limit(seconds) as alarm:
+            try:
+                run_body(ctx, body, example)
+                did = PASS
+            except Failure as failure:
+                did = ("fail", failure.observed, failure.message)
+            except (Unrecorded, GraderBug, CheckTimeout, NotImplementedYet):
+                did = None
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                did = ("other", type(exc).__name__)
+    except CheckTimeout:  # the time ran out as the limit was set or lifted, outside the run
+        pass
+    return RanOut(seconds) if alarm is None or alarm.fired is not None else did  # the alarm decides, whatever
+    # caught its exception
+
+
+def outcome(ctx: Ctx, body: Callable, example, seconds: float | None = None):
     """What ``body`` did on ``example``: PASS, ("fail", observed, message), ("other", kind), or None
     when it tells nothing (the reference itself failed, the run took too long, the code is a stub
-    there, or the learner's run was not recorded)."""
-    try:
-        with time_limit(seconds):
-            run_body(ctx, body, example)
-    except Failure as failure:
-        return ("fail", failure.observed, failure.message)
-    except (Unrecorded, GraderBug, CheckTimeout, NotImplementedYet):
-        return None
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        return ("other", type(exc).__name__)
-    return PASS
+    there, or the learner's run was not recorded); ``seconds`` defaults to ``FURTHER_SECONDS``."""
+    did = attempt(ctx, body, example, FURTHER_SECONDS if seconds is None else seconds)
+    return None if isinstance(did, RanOut) else did
 
 
 def agree(learner, theirs) -> bool:
@@ -205,8 +229,15 @@ def narrow(ctx: Ctx, inputs: list, theirs: dict, suspects: list, order: list[int
         if learner is None:
             continue
         compared += 1
-        alive = [(m, t) for m, t in alive if agree(learner, theirs[m.name][i])]
+        alive = [(m, t) for m, t in alive if agree(learner, theirs[m.name][i]) or judged(ctx, m, t, inputs[i], learner)]
     return alive, compared
+
+
+def judged(ctx: Ctx, mistake, target, item: tuple, learner) -> bool:
+    """Whether ``mistake`` does what the learner's code did (``learner``, known) on ``item``, its further run
+    given the failing input's limit when the short one ran out (remembered: a run that finished is not repeated)."""
+    check, site, example, _ = item
+    return agree(learner, theirs(ctx, mistake, target, check.id, site.number, site.body, example, SECONDS))
 
 
 _THEIRS: dict[tuple, object] = {}  # what a known mistake did on an input: the same every time it is asked
@@ -214,18 +245,22 @@ REMEMBERED = 50_000  # entries of _THEIRS kept at most (a long classroom run mee
 
 
 def theirs(ctx: Ctx, mistake, target, check_id: str, site_number: int, body: Callable, example,
-           seconds: float = FURTHER_SECONDS):
-    """``outcome`` of a known mistake, remembered (per check, call, input, device and seed)."""
+           seconds: float | None = None):
+    """``outcome`` of a known mistake, remembered (per check, call, input, device and seed); a run that ran
+    out is run again when asked with a longer limit. ``seconds`` defaults to ``FURTHER_SECONDS``."""
+    seconds = FURTHER_SECONDS if seconds is None else seconds
     recorded = ctx.outcome_of(mistake.name, check_id, site_number, example)  # a handout: what it was recorded doing
     if recorded is not NOT_RECORDED:
         return recorded
     key = (mistake.name, target.filename, check_id, site_number, repr(example), str(ctx.device), ctx.seed)
-    if key not in _THEIRS:
+    known = _THEIRS.get(key)
+    if key not in _THEIRS or (isinstance(known, RanOut) and known.seconds < seconds):
         if len(_THEIRS) >= REMEMBERED:
             _THEIRS.clear()
         site = (check_id, site_number) if site_number else None
-        _THEIRS[key] = outcome(ctx.with_target(target, site), body, example, seconds)
-    return _THEIRS[key]
+        _THEIRS[key] = attempt(ctx.with_target(target, site), body, example, seconds)
+    did = _THEIRS[key]
+    return None if isinstance(did, RanOut) else did
 
 
 STATUSES: dict[tuple, str | None] = {}  # a known mistake's verdict on a whole check (grader.engine.run.reconcile)
@@ -270,7 +305,7 @@ def settle(check, ctx: Ctx, suspects: list) -> list:
         if learner is None:  # not known (a task not started yet, say): tells nothing
             continue
         compared += 1
-        alive = [(m, t) for m, t in alive if agree(learner, did[m.name][0])]
+        alive = [(m, t) for m, t in alive if agree(learner, did[m.name][0]) or judged(ctx, m, t, item, learner)]
         if compared == APART or not alive:
             break
     return [m for m, _ in alive]  # where no input tells two apart, each is named
