@@ -4,12 +4,14 @@ when given the failing input's limit."""
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from grader.engine import diagnosis
-from grader.engine.core import Ctx
+from grader.engine.core import Alarm, CheckTimeout, Ctx
 from grader.engine.targets import Target
 
 
@@ -59,10 +61,27 @@ def test_a_suspect_whose_further_run_ran_out_is_judged_on_a_longer_run():
     diagnosis.forget()
 
 
-def test_an_alarm_that_fires_as_the_limit_is_lifted_is_a_run_that_ran_out():
-    """A limit far below what the body takes fires anywhere, the limit's own exit included: ``outcome`` says
-    the run tells nothing, and no CheckTimeout escapes it."""
-    ctx = _ctx()
-    for seconds in (1e-6, 1e-5, 1e-4, 1e-3):
-        for _ in range(20):
-            assert diagnosis.outcome(ctx, lambda c, e: sum(range(2000)), {"n": 3}, seconds) in (None, diagnosis.PASS)
+def _firing(when: str):
+    """A ``time_limit`` whose alarm fires just as the limit is set (``when="set"``) or lifted (``"lifted"``):
+    the windows a real alarm hits only now and then, outside the run itself."""
+    @contextmanager
+    def limit(seconds):
+        alarm = Alarm()
+        if when == "set":
+            alarm.fired = CheckTimeout()
+            raise alarm.fired
+        yield alarm
+        alarm.fired = CheckTimeout()
+        raise alarm.fired
+    return limit
+
+
+@pytest.mark.parametrize("when", ["set", "lifted"])
+def test_an_alarm_outside_the_run_is_a_run_that_ran_out(when, monkeypatch):
+    """No CheckTimeout escapes ``outcome``: the run tells nothing, and a mistake's such run is asked again
+    with a longer limit (it is a RanOut, not a verdict)."""
+    monkeypatch.setattr(diagnosis, "time_limit", _firing(when))
+    ctx, calls = _ctx(), []
+    assert diagnosis.outcome(ctx, lambda c, e: calls.append(e), {"n": 3}, 1.0) is None
+    assert diagnosis.attempt(ctx, lambda c, e: calls.append(e), {"n": 3}, 1.0) == diagnosis.RanOut(1.0)
+    assert len(calls) == (0 if when == "set" else 2)

@@ -161,9 +161,8 @@ def test_a_group_that_fails_to_form_is_formed_again_and_the_learners_code_runs_o
     assert runs.read_text() == "x"
 
 
-def test_a_group_that_never_forms_is_the_graders_failure():
+def test_a_group_that_never_forms_is_the_graders_failure(monkeypatch):
     from grader.engine.core import GraderBug
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(gloo.dist, "init_process_group", _failing_join(None))
-        with pytest.raises(GraderBug, match=rf"could not join .* \({gloo.JOINS} tries\).*too busy"):
-            gloo.run_pair(_send, _recv)
+    monkeypatch.setattr(gloo.dist, "init_process_group", _failing_join(None))
+    with pytest.raises(GraderBug, match=rf"could not join .* \({gloo.JOINS} tries\).*too busy"):
+        gloo.run_pair(_send, _recv)
