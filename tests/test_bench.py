@@ -277,6 +277,7 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
         assert p["plain_seconds"] > 0 and p["speedup"] == pytest.approx(p["plain_seconds"] / p["seconds"])
         assert set(p["matmuls"]) == set(kernels.supported([model.lm_head.weight]))  # each kernel, timed alone
         assert p["kernel"] in p["matmuls"]
+        assert p["fused"][1] in (0, 2 * model.config.num_hidden_layers) and p["fused"][0] in (0, p["fused"][1])
     result = {"machine": machine, "model": "test", "config": config, "points": points}
     text = "\n".join(roofline.lines(result))
     assert "ridge" in text and "prefill 128" in text and "decode batch 2" in text

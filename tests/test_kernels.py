@@ -165,3 +165,69 @@ def test_the_timed_sample_holds_every_shape():
     shapes = {tuple(w.shape) for w, _ in pairs}
     assert {tuple(w.shape) for w, _ in kernels._sample(pairs)} == shapes
     assert len({id(w) for w, _ in pairs}) == len(pairs)  # the tied head counted once
+
+
+class Trio(torch.nn.Module):
+    """An attention's three projections, q and v with a bias and k without (as Whisper's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(24, n, bias=b) for n, b in
+                                                 ((24, True), (8, False), (8, True)))
+
+
+# calls in order: "q x" runs q_proj on input x; "write x" / "write k" adds to input x / to k_proj's weight in place
+FUSING = ["q x", "k x", "v x"]  # the first round watches; the group fuses from the next
+CALLS = {
+    "in order on one input": (FUSING * 3, "fused", 2),
+    "cross-attention: k and v on the encoder, q on the decoder": (["k e", "v e", "q x"] * 2, "apart", 0),
+    "another input midway": (FUSING + ["q x", "k y", "v y"] + FUSING, "apart", 1),
+    "the input written between two members": (FUSING + ["q x", "write x", "k x", "v x"], "apart", 1),
+    "columns left unasked for": (FUSING + ["q x", "k x", "q x", "k x", "v x"], "apart", 1),
+    "a member's weight written after fusing": (FUSING + ["write k"] + FUSING, "apart", 0),
+    "the first member alone, again and again": (["q x"] * 3, "apart", 0),
+    "a member out of order while watching": (["q x", "v x", "k x"], "apart", 0),
+}
+
+
+@pytest.mark.parametrize("kernel", [k for k in KINDS if k != "stored"])
+@pytest.mark.parametrize("case", CALLS)
+def test_siblings_read_one_stacked_product_only_while_called_in_order_on_one_input(case, kernel):
+    calls, state, products = CALLS[case]
+    torch.manual_seed(0)
+    trio = Trio()
+    inputs = {name: torch.randn(3, 24) for name in "xye"}
+    kernels.install(trio, {rows: kernel for rows in kernels.ROWS}, weights(trio))
+    group = kernels._PLANS[trio.q_proj.weight].group
+    with torch.no_grad():
+        for call in calls:
+            name, arg = call.split()
+            if name == "write":
+                (inputs[arg] if arg in inputs else getattr(trio, f"{arg}_proj").weight).add_(0.5)
+                continue
+            module = getattr(trio, f"{name}_proj")
+            got, want = module(inputs[arg]), torch.nn.functional.linear(inputs[arg], module.weight, module.bias)
+            assert got.is_contiguous() and got.shape == want.shape, call
+            assert (got - want).abs().max() <= 24 * 8 * torch.finfo(torch.float32).eps * want.abs().max(), call
+    assert (group.state, group.fused) == (state, products)
+    assert kernels.fused(trio) == (state == "fused", 1)
+    assert (group.copies == {}) == (state == "apart")  # a group apart lets its stacked copy go
+
+
+@pytest.mark.parametrize("kernel", [k for k in KINDS if k != "stored"])
+def test_a_llama_fuses_every_group_and_holds_one_copy_of_the_weights(kernel):
+    m = model()
+    ids = torch.randint(0, CONFIG["vocab_size"], (2, 7))
+    with torch.no_grad():
+        plain, tokens = m(ids), greedy(m, ids)
+    kernels.install(m, {rows: kernel for rows in kernels.ROWS}, weights(m))
+    assert kernels.fused(m) == (0, 4)  # 2 layers × (q, k, v) and (gate, up), watching
+    assert greedy(m, ids) == tokens and kernels.fused(m) == (4, 4)
+    with torch.no_grad():
+        tuned = m(ids)
+    assert (tuned - plain).abs().max() <= 160 * torch.finfo(torch.float32).eps * plain.abs().max()
+    plans = [kernels._PLANS[w] for w in weights(m)]
+    held = {id(p.group): p.group for p in plans if p.group is not None}
+    copies = [c for p in plans for c in p.copies.values()] + [c for g in held.values() for c in g.copies.values()]
+    sizes = [c.numel() if c.layout == torch.strided else c.to_dense().numel() for c in copies]
+    assert sum(sizes) == sum(w.numel() for w in weights(m))  # one copy, stacked or not

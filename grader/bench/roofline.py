@@ -169,7 +169,7 @@ def place_loop(model, config: dict, machine: dict, device: torch.device, repeats
         chosen = kernels.chosen(weights[0]) if weights else None
         point.update(kernel=chosen[kernels.nearest(B, chosen)] if chosen else "stored", plain_seconds=plain["median"],
                      plain_fraction=point["fraction"] * timing["median"] / plain["median"], plain_noisy=plain["noisy"],
-                     speedup=plain["median"] / timing["median"])
+                     speedup=plain["median"] / timing["median"], fused=kernels.fused(model))
         if weights and device.type == "cpu":
             alone = kernels.measure(pairs, (B,), tuple(copies), repeats, copies)["seconds"][B]
         else:  # the plain product only (another device: grader.kernels changes nothing there)
@@ -276,7 +276,10 @@ def lines(result: dict) -> list[str]:
                    f"{_si(p['flops_per_s'], 'FLOP/s')}, {_si(p['bytes_per_s'], 'B/s')}, "
                    f"{p['fraction']:.1%} of the roof{noisy}")
         if "plain_seconds" in p:
-            out.append(f"{'':>18}products by grader.kernels ({p['kernel']}): {p['seconds'] * 1e3:.1f} ms a step; "
+            groups = p.get("fused", (0, 0))
+            fused = f", {groups[0]} of {groups[1]} sibling groups as one product" if groups[1] else ""
+            out.append(f"{'':>18}products by grader.kernels ({p['kernel']}{fused}): "
+                       f"{p['seconds'] * 1e3:.1f} ms a step; "
                        f"all plain: {p['plain_seconds'] * 1e3:.1f} ms, {p['plain_fraction']:.1%} of the roof "
                        f"({p['speedup']:.2f}x){' [NOISY]' if p['plain_noisy'] else ''}")
         if "matmul_seconds" in p:
