@@ -169,6 +169,11 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias, kernel: str, copy) -> torc
     return F.linear(x, weight, bias)
 
 
+def linear_with(x: torch.Tensor, copy, kernel: str) -> torch.Tensor:
+    """The product of ``x`` with a weight through ``kernel``, reading only ``copy`` (``copies_for``'s, not plain)."""
+    return _run(x, None, None, kernel, copy)
+
+
 def nearest(rows: int, measured: Iterable[int]) -> int:
     return min(measured, key=lambda r: (abs(math.log2(max(rows, 1) / r)), -r))
 
@@ -222,6 +227,19 @@ def groups(model: nn.Module) -> list[list[nn.Linear]]:
                     len({(m.in_features, m.weight.dtype, m.weight.device) for m in siblings}) == 1:
                 out.append(siblings)
     return out
+
+
+def stacked(model: nn.Module, extra: Iterable[torch.Tensor] = ()) -> list[tuple[torch.Tensor, object]]:
+    """``projections(model, extra)`` with each of ``groups(model)`` as one weight, its members' stacked (a
+    copy): the products a step runs once every group fuses, to time them alone."""
+    first, members = {}, set()
+    for siblings in groups(model):
+        ids = [id(m.weight) for m in siblings]
+        if not members.intersection(ids):
+            members.update(ids)
+            first[ids[0]] = torch.cat([m.weight.detach() for m in siblings])
+    return [(first[id(w)], None) if id(w) in first else (w, b) for w, b in projections(model, extra)
+            if id(w) in first or id(w) not in members]
 
 
 def fused(model: nn.Module) -> tuple[int, int]:

@@ -257,7 +257,10 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
     device = torch.device("cpu")
     machine = roofline.measure_machine(device, repeats=3)
     assert machine["peak_flops"] > 0 and machine["bandwidth"] > 0 and machine["threads"] >= 1
-    assert [m["n"] for m in machine["matmul"]] == [32, 64] and machine["stream"]["bytes"] == 2 * 2**20
+    assert sorted({m["n"] for m in machine["matmul"]}) == [32, 64] and machine["stream"]["bytes"] == 2 * 2**20
+    onednn = "onednn" in kernels.supported([torch.zeros(1, 1)])  # the loop's products may run on it: in the roof
+    assert [(m["n"], m["kernel"]) for m in machine["matmul"]] == \
+        [(n, k) for n in (32, 64) for k in ("plain", "onednn") if k == "plain" or onednn]
     torch.manual_seed(0)
     model = roofline.Llama(roofline.LlamaConfig(**roofline.LOOP_CONFIG)).eval()
     kernels.tune(model, rows_list=(1, 2), repeats=1)
@@ -275,7 +278,9 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
     for p in decode:
         assert 0 < p["matmul_share"] <= 1 and p["matmul_fraction"] >= p["fraction"] * 0.999
         assert p["plain_seconds"] > 0 and p["speedup"] == pytest.approx(p["plain_seconds"] / p["seconds"])
-        assert set(p["matmuls"]) == set(kernels.supported([model.lm_head.weight]))  # each kernel, timed alone
+        fused = {f"{p['kernel']}, fused"} if p["fused"][0] else set()  # the products as the step runs them
+        assert p["fused"][0] == 0 or p["kernel"] != "stored"  # the plain product reads every weight alone
+        assert set(p["matmuls"]) == set(kernels.supported([model.lm_head.weight])) | fused  # each kernel, alone
         assert p["kernel"] in p["matmuls"]
         assert p["fused"][1] in (0, 2 * model.config.num_hidden_layers) and p["fused"][0] in (0, p["fused"][1])
     result = {"machine": machine, "model": "test", "config": config, "points": points}
@@ -285,6 +290,25 @@ def test_the_roofline_places_prefill_right_of_decode_and_counts_with_kata_18(mon
     pytest.importorskip("matplotlib")
     roofline.plot(result, str(tmp_path / "roof.png"))
     assert (tmp_path / "roof.png").stat().st_size > 0
+
+
+@pytest.mark.skipif("onednn" not in kernels.supported([torch.zeros(1, 1)]), reason="no oneDNN in this torch")
+def test_a_batch_whose_kernel_is_plain_reads_no_stacked_product(monkeypatch):
+    """The plain product at one row, oneDNN at two: the groups fuse in the prefill, yet batch 1 runs apart."""
+    from grader.bench import roofline
+
+    monkeypatch.setattr(roofline, "DECODE_STEPS", 2)
+    torch.manual_seed(0)
+    model = roofline.Llama(roofline.LlamaConfig(**roofline.LOOP_CONFIG)).eval()
+    kernels.install(model, {1: "stored", 2: "onednn"}, [w for w, _ in kernels.projections(model)])
+    machine = {"peak_flops": 1e9, "bandwidth": 1e9}
+    config = roofline._config_dict(model.config, "float32")
+    with torch.no_grad():
+        one, two = roofline.place_loop(model, config, machine, torch.device("cpu"), repeats=1, prefills=(),
+                                       batches=(1, 2))
+    groups = 2 * model.config.num_hidden_layers
+    assert (one["kernel"], one["fused"], "stored, fused" in one["matmuls"]) == ("stored", (0, groups), False)
+    assert (two["kernel"], two["fused"], "onednn, fused" in two["matmuls"]) == ("onednn", (groups, groups), True)
 
 
 def test_the_roofline_sets_transformers_generate_beside_the_loop_on_the_same_weights(tmp_path, monkeypatch):

@@ -231,3 +231,12 @@ def test_a_llama_fuses_every_group_and_holds_one_copy_of_the_weights(kernel):
     copies = [c for p in plans for c in p.copies.values()] + [c for g in held.values() for c in g.copies.values()]
     sizes = [c.numel() if c.layout == torch.strided else c.to_dense().numel() for c in copies]
     assert sum(sizes) == sum(w.numel() for w in weights(m))  # one copy, stacked or not
+
+
+def test_stacked_holds_each_group_as_one_weight_and_every_other_projection_once():
+    m = model()
+    pairs, out = kernels.projections(m), kernels.stacked(m)
+    assert len(out) == len(pairs) - 3 * CONFIG["num_hidden_layers"]  # q, k, v -> 1 and gate, up -> 1 a layer
+    attn = m.model.layers[0].self_attn
+    assert torch.equal(out[0][0], torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    assert sum(w.numel() for w, _ in out) == sum(w.numel() for w, _ in pairs)

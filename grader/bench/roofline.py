@@ -10,8 +10,9 @@
    FLOP/s and bytes/s against the roof, and as a fraction of it. Each decode step is timed with the
    model's products as ``grader.kernels`` chose them and with every product plain, alternating, and
    set beside its weight matmuls alone (every projection of the model on the step's one token a row,
-   in order) under each kernel: the share of the step they take, and the fraction of the roof a step
-   reaches if it took only that long, the ceiling of any loop over these kernels;
+   in order) under each kernel, and as the step runs them (q/k/v and gate/up each one stacked product,
+   ``grader.kernels.stacked``): the share of the step they take, and the fraction of the roof a step
+   reaches if it took only that long, the ceiling of any loop over these products;
 3. with ``--real-model`` and transformers installed, Hugging Face ``generate()`` on the same weights
    at the same decode batches, timed alternately with the reference loop, on the same roof.
 
@@ -45,16 +46,23 @@ def _sync(device: torch.device):
 
 
 def measure_machine(device: torch.device | None = None, repeats: int = 5, dtype=torch.float32) -> dict:
-    """This machine's peaks: the best matmul FLOP/s over ``MATMUL_SIZES`` and the copy bandwidth (a copy
-    reads and writes each byte, so it counts twice), with the thread count; ``device`` defaults to the CPU."""
+    """This machine's peaks: the best matmul FLOP/s over ``MATMUL_SIZES``, with torch's own product and, where
+    ``grader.kernels`` may choose it, oneDNN's on packed weights (the loop's products run on it, so a roof
+    without it would sit below what the loop reaches), and the copy bandwidth (a copy reads and writes each
+    byte, so it counts twice), with the thread count; ``device`` defaults to the CPU."""
     device = torch.device("cpu") if device is None else device
     sync, on_cpu = _sync(device), device.type == "cpu"
     matmuls = []
     for n in MATMUL_SIZES:
         a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-        a @ b  # warm-up: first calls pick kernels and allocate
-        timing, _ = bench_noise.repeat(lambda: a @ b, repeats, sync, on_cpu)
-        matmuls.append({"n": n, "flops_per_s": 2 * n**3 / timing["median"], **timing})
+        products = {"plain": lambda: a @ b}
+        if "onednn" in kernels.supported([b]):  # what grader.kernels may pick for the model's products
+            packed = kernels.copies_for([b], ["onednn"])["onednn"][0]
+            products["onednn"] = lambda: kernels.linear_with(a, packed, "onednn")
+        for kernel, product in products.items():
+            product()  # warm-up: first calls pick kernels and allocate
+            timing, _ = bench_noise.repeat(product, repeats, sync, on_cpu)
+            matmuls.append({"n": n, "kernel": kernel, "flops_per_s": 2 * n**3 / timing["median"], **timing})
     src = torch.empty(STREAM_BYTES // dtype.itemsize, device=device, dtype=dtype).uniform_()
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -167,18 +175,22 @@ def place_loop(model, config: dict, machine: dict, device: torch.device, repeats
         timing, plain = _steps_side_by_side(lambda n: generate(model, prompts, n), model, repeats, sync, on_cpu)
         point = _decode_point(f"decode batch {B}", config, B, timing["median"], timing, machine)
         chosen = kernels.chosen(weights[0]) if weights else None
-        point.update(kernel=chosen[kernels.nearest(B, chosen)] if chosen else "stored", plain_seconds=plain["median"],
-                     plain_fraction=point["fraction"] * timing["median"] / plain["median"], plain_noisy=plain["noisy"],
-                     speedup=plain["median"] / timing["median"], fused=kernels.fused(model))
+        kernel, (fused, groups) = chosen[kernels.nearest(B, chosen)] if chosen else "stored", kernels.fused(model)
+        point.update(kernel=kernel, plain_seconds=plain["median"], plain_noisy=plain["noisy"],
+                     plain_fraction=point["fraction"] * timing["median"] / plain["median"],
+                     speedup=plain["median"] / timing["median"], fused=(fused if kernel != "stored" else 0, groups))
         if weights and device.type == "cpu":
             alone = kernels.measure(pairs, (B,), tuple(copies), repeats, copies)["seconds"][B]
+            if point["fused"][0]:  # the step's products as it runs them
+                fused = kernels.measure(kernels.stacked(model), (B,), ("stored", point["kernel"]), repeats)
+                alone[f"{point['kernel']}, fused"] = fused["seconds"][B][point["kernel"]]
         else:  # the plain product only (another device: grader.kernels changes nothing there)
             inputs = {w.shape[1]: torch.randn(B, w.shape[1], device=device, dtype=w.dtype) for w in weights}
             alone = {"stored": bench_noise.repeat(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights],
                                                   repeats, sync, on_cpu)[0]["median"]}
         point["matmuls"] = {k: {"seconds": t, "fraction": point["fraction"] * timing["median"] / t}
                             for k, t in alone.items()}
-        own = alone.get(point["kernel"], alone["stored"])
+        own = alone.get(f"{point['kernel']}, fused", alone.get(point["kernel"], alone["stored"]))
         share = min(own / timing["median"], 1.0)  # (a noisy step can come out shorter than its matmuls)
         point.update(matmul_seconds=own, matmul_share=share, matmul_fraction=point["fraction"] / share)
         points.append(point)
@@ -258,7 +270,8 @@ def lines(result: dict) -> list[str]:
     m = result["machine"]
     out = [f"roofline of this machine ({m['device']}, {m['threads']} thread(s), {m['dtype']}):"]
     for mm in m["matmul"]:
-        out.append(f"  matmul {mm['n']}^3: {_si(mm['flops_per_s'], 'FLOP/s')}{bench_noise.mark(mm)}")
+        out.append(f"  matmul {mm['n']}^3 ({mm.get('kernel', 'plain')}): {_si(mm['flops_per_s'], 'FLOP/s')}"
+                   f"{bench_noise.mark(mm)}")
     out.append(f"  stream copy of {m['stream']['bytes'] // 2**20} MiB moved: {_si(m['stream']['bytes_per_s'], 'B/s')}"
                f"{bench_noise.mark(m['stream'])}")
     if "read" in m:
