@@ -172,8 +172,9 @@ def plain_tokens(smollm2):
 @pytest.mark.parametrize("kernel", [k for k in kernels.KERNELS if k != "stored"])  # stored: the plain product
 @torch.inference_mode()
 def test_every_kernel_gives_transformers_logits_and_the_plain_tokens(smollm2, hf, exact, plain_tokens, kernel):
-    """grader.kernels on the real model: each layout and kernel, used for every row count, keeps the logits
-    as close to float64 as transformers' and the greedy tokens of the plain product, at one prompt and at three."""
+    """grader.kernels on the real model: each layout and kernel, used for every row count, with q/k/v and
+    gate/up apart and then stacked, keeps the logits as close to float64 as transformers' and the greedy tokens
+    of the plain product, at one prompt and at three."""
     model, weights = smollm2.model, [w for w, _ in kernels.projections(smollm2.model)]
     if kernel not in kernels.supported(weights):
         pytest.skip(f"{kernel} does not run here")
@@ -182,7 +183,10 @@ def test_every_kernel_gives_transformers_logits_and_the_plain_tokens(smollm2, hf
     kernels.install(model, {rows: kernel for rows in kernels.ROWS}, weights)
     try:
         ids = torch.tensor([prompts[0]])
-        close_to_transformers(model(ids), hf[0](ids).logits, exact(ids))
+        close_to_transformers(model(ids), hf[0](ids).logits, exact(ids))  # the groups watch: products apart
+        fused, groups = kernels.fused(model)
+        assert fused == groups == 2 * model.config.num_hidden_layers  # q/k/v and gate/up, seen called together
+        close_to_transformers(model(ids), hf[0](ids).logits, exact(ids))  # each group one stacked product
         assert [generate(model, prompts[:1], 16), generate(model, prompts, 16)] == plain
     finally:  # as loaded again
         kernels.forget(weights)
