@@ -20,10 +20,11 @@ needs the weight, the plain product runs. ``KVKATA_KERNELS=plain`` turns it all 
 
 Projections that a model calls one after another on one input (attention's q, k and v; the MLP's gate and
 up: ``GROUPS``) are read as one product over their weights stacked, in the same kernel and layout, each
-member's output its columns of it: at one row on SmolLM2 that is about 1.15x faster again than the three
-products apart. A group fuses only once it has seen its members come in order on the same tensor, unwritten
-since, and parts for good at the first call that breaks that pattern (see ``_Group``); its stacked copy
-takes the place of its members' own copies, so the plan still holds one extra copy of the weights.
+member's output its columns of it: on SmolLM2 at one row, the matmuls alone run about 1.1x faster so than
+apart (``kvkata bench --roofline --real-model`` times both). A group fuses only once it has seen its members
+come in order on the same tensor, unwritten since, and parts for good at the first call that breaks that
+pattern (see ``_Group``); its stacked copy takes the place of its members' own copies, so the plan still
+holds one extra copy of the weights.
 
 Only models loaded from a checkpoint are tuned (``grader.models.load``, ``grader.whisper.load``) and the bench's
 own: the graders' small models fit in the CPU's caches, where the layout changes little and the timing would
