@@ -42,17 +42,26 @@ def weights(m) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("kernel", KINDS)
 def test_every_kernel_gives_the_plain_products_outputs_and_tokens(kernel):
+    """q/k/v and gate/up run apart while their groups watch the first forward, then as one stacked product
+    (but on the plain product, which reads every weight alone); one copy of the weights in all."""
     m = model()
     ids = torch.randint(0, CONFIG["vocab_size"], (3, 9))
     with torch.no_grad():
         plain, tokens = m(ids), greedy(m, ids)
     kernels.install(m, {rows: kernel for rows in kernels.ROWS}, weights(m))
     assert all(kernels.chosen(w) == {rows: kernel for rows in kernels.ROWS} for w in weights(m))
+    groups = 0 if kernel == "stored" else 2 * CONFIG["num_hidden_layers"]  # (q, k, v) and (gate, up) a layer
+    assert kernels.fused(m) == (0, groups)
+    assert greedy(m, ids) == tokens and kernels.fused(m) == (groups, groups)
     with torch.no_grad():
         tuned = m(ids)
     # float32 rounding of a sum over the widest input (160 terms), on logits of size about 1
     assert (tuned - plain).abs().max() <= 160 * torch.finfo(torch.float32).eps * plain.abs().max()
-    assert greedy(m, ids) == tokens
+    plans = [kernels._PLANS[w] for w in weights(m)]
+    stacked = {id(p.group): p.group for p in plans if p.group is not None}
+    copies = [c for p in plans for c in p.copies.values()] + [c for g in stacked.values() for c in g.copies.values()]
+    sizes = [c.numel() if c.layout == torch.strided else c.to_dense().numel() for c in copies if c is not None]
+    assert sum(sizes) == (0 if kernel == "stored" else sum(w.numel() for w in weights(m)))  # stacked or not
 
 
 def test_the_model_is_unchanged_but_for_how_its_products_run():
@@ -212,25 +221,6 @@ def test_siblings_read_one_stacked_product_only_while_called_in_order_on_one_inp
     assert (group.state, group.fused) == (state, products)
     assert kernels.fused(trio) == (state == "fused", 1)
     assert (group.copies == {}) == (state == "apart")  # a group apart lets its stacked copy go
-
-
-@pytest.mark.parametrize("kernel", [k for k in KINDS if k != "stored"])
-def test_a_llama_fuses_every_group_and_holds_one_copy_of_the_weights(kernel):
-    m = model()
-    ids = torch.randint(0, CONFIG["vocab_size"], (2, 7))
-    with torch.no_grad():
-        plain, tokens = m(ids), greedy(m, ids)
-    kernels.install(m, {rows: kernel for rows in kernels.ROWS}, weights(m))
-    assert kernels.fused(m) == (0, 4)  # 2 layers × (q, k, v) and (gate, up), watching
-    assert greedy(m, ids) == tokens and kernels.fused(m) == (4, 4)
-    with torch.no_grad():
-        tuned = m(ids)
-    assert (tuned - plain).abs().max() <= 160 * torch.finfo(torch.float32).eps * plain.abs().max()
-    plans = [kernels._PLANS[w] for w in weights(m)]
-    held = {id(p.group): p.group for p in plans if p.group is not None}
-    copies = [c for p in plans for c in p.copies.values()] + [c for g in held.values() for c in g.copies.values()]
-    sizes = [c.numel() if c.layout == torch.strided else c.to_dense().numel() for c in copies]
-    assert sum(sizes) == sum(w.numel() for w in weights(m))  # one copy, stacked or not
 
 
 def test_stacked_holds_each_group_as_one_weight_and_every_other_projection_once():
