@@ -12,7 +12,7 @@ import struct
 import pytest
 import torch
 
-from grader import ct2_file, manifest, whisper
+from grader import ct2_file, kernels, manifest, whisper
 from grader.engine import targets
 
 
@@ -123,3 +123,6 @@ def test_whisper_on_kata_17s_cache_gives_transformers_logits(real):
     assert found["steps"] == steps and found["same_argmax"]
     assert found["max_abs_diff"] <= found["tolerance"], found
     assert run["text"] == k17_whisper.SAMPLE_TEXT  # the words espeak-ng was given
+    # grader.kernels: a cross-attention reads the encoder for k and v, the decoder for q: its group never fuses
+    plans = [kernels._PLANS.get(layer.encoder_attn.q_proj.weight) for layer in model.decoder.layers]
+    assert all(p is None or p.group is None or p.group.state != "fused" for p in plans)
